@@ -1,0 +1,111 @@
+#include "rayfabric/config.h"
+
+#include <cctype>
+#include <cstdlib>
+#include <sstream>
+
+namespace rayfabric {
+
+const std::vector<ConfigEntry>& ConfigTable() {
+  static const std::vector<ConfigEntry> table = {
+      {"provider", "RAYFABRIC_PROVIDER", "",
+       "libfabric provider to use (e.g. 'verbs;ofi_rxm', 'efa', 'tcp;ofi_rxm', 'sockets'); "
+       "empty: rank what fi_info offers (efa, verbs above tcp, tcp above sockets). FI_PROVIDER, "
+       "if set, also restricts what libfabric offers."},
+      {"domain", "RAYFABRIC_DOMAIN", "",
+       "libfabric domain (NIC) name, e.g. 'rxe0', 'mlx5_0', 'eth0'; empty: the best ranked one."},
+      {"require_rdma", "RAYFABRIC_REQUIRE_RDMA", "false",
+       "fail at startup instead of falling back to a non-RDMA provider (tcp, sockets, shm, udp)."},
+      {"chunk_size", "RAYFABRIC_CHUNK_SIZE", "4M",
+       "largest single fi_read/fi_write; capped by the provider's max_msg_size."},
+      {"max_inflight", "RAYFABRIC_MAX_INFLIGHT", "16",
+       "RMA operations kept in flight per transfer."},
+      {"op_timeout_ms", "RAYFABRIC_OP_TIMEOUT_MS", "30000",
+       "a transfer that has not completed in this time fails with TimedOut (dead peer, cut link)."},
+      {"log_level", "RAYFABRIC_LOG_LEVEL", "info", "error, warn, info or debug."},
+  };
+  return table;
+}
+
+Config Config::FromEnvironment() {
+  Config config;
+  for (const ConfigEntry& e : ConfigTable()) {
+    const char* env = std::getenv(e.env);
+    if (env != nullptr) {
+      config.values_[e.name] = {env, std::string("env ") + e.env};
+    } else {
+      config.values_[e.name] = {e.default_value, "default"};
+    }
+  }
+  return config;
+}
+
+Status Config::Set(const std::string& name, const std::string& value) {
+  auto it = values_.find(name);
+  if (it == values_.end()) {
+    return InvalidArgument("unknown setting '" + name + "'; see `rayfabric doctor --config`");
+  }
+  it->second = {value, "override"};
+  return Status::OK();
+}
+
+std::string Config::GetString(const std::string& name) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? std::string() : it->second.value;
+}
+
+Result<int64_t> Config::GetInt(const std::string& name) const {
+  std::string text = GetString(name);
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || end == nullptr || *end != '\0') {
+    return InvalidArgument("setting " + name + "='" + text + "' is not an integer");
+  }
+  return static_cast<int64_t>(v);
+}
+
+Result<uint64_t> ParseBytes(const std::string& text) {
+  if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) {
+    return InvalidArgument("'" + text + "' is not a size (examples: 4096, 64K, 4M, 1G)");
+  }
+  char* end = nullptr;
+  unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  std::string suffix(end);
+  uint64_t mult = 1;
+  if (suffix.empty() || suffix == "B") {
+    mult = 1;
+  } else if (suffix == "K" || suffix == "k" || suffix == "KiB") {
+    mult = 1ULL << 10;
+  } else if (suffix == "M" || suffix == "m" || suffix == "MiB") {
+    mult = 1ULL << 20;
+  } else if (suffix == "G" || suffix == "g" || suffix == "GiB") {
+    mult = 1ULL << 30;
+  } else {
+    return InvalidArgument("'" + text + "' has an unknown size suffix (use K, M or G)");
+  }
+  return static_cast<uint64_t>(v) * mult;
+}
+
+Result<uint64_t> Config::GetBytes(const std::string& name) const {
+  auto r = ParseBytes(GetString(name));
+  if (!r.ok()) return r.status().WithContext("setting " + name);
+  return r;
+}
+
+Result<bool> Config::GetBool(const std::string& name) const {
+  std::string t = GetString(name);
+  if (t == "1" || t == "true" || t == "yes" || t == "on") return true;
+  if (t == "0" || t == "false" || t == "no" || t == "off" || t.empty()) return false;
+  return InvalidArgument("setting " + name + "='" + t + "' is not a boolean (true/false)");
+}
+
+std::string Config::Describe() const {
+  std::ostringstream os;
+  for (const ConfigEntry& e : ConfigTable()) {
+    const Value& v = values_.at(e.name);
+    os << e.name << " = '" << v.value << "' (" << v.source << ")\n";
+  }
+  return os.str();
+}
+
+}  // namespace rayfabric

@@ -1,0 +1,45 @@
+#include "rayfabric/log.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+
+namespace rayfabric {
+namespace {
+
+LogLevel InitialLevel() {
+  const char* env = std::getenv("RAYFABRIC_LOG_LEVEL");
+  std::string name = env ? env : "info";
+  if (name == "error") return LogLevel::kError;
+  if (name == "warn") return LogLevel::kWarn;
+  if (name == "debug") return LogLevel::kDebug;
+  return LogLevel::kInfo;
+}
+
+std::atomic<int>& Level() {
+  static std::atomic<int> level{static_cast<int>(InitialLevel())};
+  return level;
+}
+
+}  // namespace
+
+void SetLogLevel(LogLevel level) { Level() = static_cast<int>(level); }
+
+void SetLogLevel(const std::string& name) {
+  if (name == "error") SetLogLevel(LogLevel::kError);
+  if (name == "warn") SetLogLevel(LogLevel::kWarn);
+  if (name == "info") SetLogLevel(LogLevel::kInfo);
+  if (name == "debug") SetLogLevel(LogLevel::kDebug);
+}
+
+bool LogEnabled(LogLevel level) { return static_cast<int>(level) <= Level().load(); }
+
+void LogLine(LogLevel level, const std::string& line) {
+  static const char* names[] = {"E", "W", "I", "D"};
+  std::fprintf(stderr, "[rayfabric %s %d] %s\n", names[static_cast<int>(level)], getpid(),
+               line.c_str());
+}
+
+}  // namespace rayfabric
