@@ -1,0 +1,175 @@
+// The fabric engine: one code path for verbs, efa, tcp, sockets and shm over libfabric RDM
+// endpoints. It knows nothing of Ray: it registers memory, hands out remote descriptors, and moves
+// bytes with fi_read / fi_write, chunked, several operations in flight, completions driven by its
+// own progress thread (which also serves remote readers on manual-progress providers).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rayfabric/config.h"
+#include "rayfabric/status.h"
+
+namespace rayfabric::fabric {
+
+// What the chosen provider demands and allows, read from fi_info in one place (provider.cc).
+struct ProviderProfile {
+  std::string provider;  // e.g. "verbs;ofi_rxm", "tcp;ofi_rxm", "efa", "sockets"
+  std::string domain;    // e.g. "rxe0", "mlx5_0", "eth0"
+  std::string fabric;
+  bool rdma = false;          // hardware (or Soft-RoCE) RDMA, not a socket emulation
+  bool local_desc = false;    // FI_MR_LOCAL: local buffers need their own descriptor
+  bool virt_addr = false;     // FI_MR_VIRT_ADDR: remote addresses are virtual addresses
+  bool prov_key = false;      // FI_MR_PROV_KEY: the provider picks the key
+  bool endpoint_mr = false;   // FI_MR_ENDPOINT: regions are bound to the endpoint
+  bool raw_key = false;       // FI_MR_RAW: keys larger than 64 bits, mapped by the reader
+  bool allocated = false;     // FI_MR_ALLOCATED: only backed memory may be registered
+  uint64_t mr_mode = 0;
+  size_t key_size = 8;
+  size_t max_msg_size = 0;
+  size_t rma_iov_limit = 1;
+  bool manual_progress = true;  // the target must drive progress for one-sided ops to finish
+  bool thread_safe = false;
+};
+
+// One provider/domain libfabric offered, and what we made of it.
+struct ProviderCandidate {
+  std::string provider;
+  std::string domain;
+  int rank = 0;
+  bool rdma = false;
+  std::string verdict;  // "chosen: ..." or why it was passed over
+};
+
+struct ProviderReport {
+  ProviderProfile chosen;
+  std::vector<ProviderCandidate> candidates;
+  std::string reason;  // one line: why this provider
+  std::string ToString() const;
+  std::string ToJson() const;
+};
+
+// Ranks what fi_info offers for RDM endpoints with RMA and picks one (config: provider, domain,
+// require_rdma). Does not open anything.
+Result<ProviderReport> SelectProvider(const Config& config);
+
+// Everything a remote peer needs to read or write a registered region. Serializable; hand it out
+// over an authenticated channel only: anyone holding it can access the region.
+struct RemoteRegion {
+  uint64_t address = 0;  // base for RMA addressing: a virtual address or 0 (offset addressing)
+  uint64_t length = 0;
+  uint64_t key = 0;
+  std::string raw_key;  // non-empty for FI_MR_RAW providers (the reader maps it)
+
+  std::string Serialize() const;
+  static Result<RemoteRegion> Parse(const std::string& bytes);
+};
+
+class EngineCore;
+
+// A registered memory region; deregistered when the last reference goes.
+class MemoryRegion {
+ public:
+  ~MemoryRegion();
+  MemoryRegion(const MemoryRegion&) = delete;
+  MemoryRegion& operator=(const MemoryRegion&) = delete;
+
+  void* base() const { return base_; }
+  size_t length() const { return length_; }
+  bool Contains(const void* p, size_t len) const;
+  RemoteRegion Describe() const;
+  void* local_desc() const;
+
+ private:
+  friend class EngineCore;
+  MemoryRegion() = default;
+  std::shared_ptr<EngineCore> core_;
+  void* base_ = nullptr;
+  size_t length_ = 0;
+  struct fid_mr* mr_ = nullptr;
+  uint64_t key_ = 0;
+  std::string raw_key_;
+};
+
+using PeerId = uint64_t;
+
+// One local <-> remote span of a transfer. `local` must lie inside `local_region`.
+struct RmaSpan {
+  void* local = nullptr;
+  size_t length = 0;
+  uint64_t remote_offset = 0;  // from the start of the remote region
+};
+
+enum class RmaOp { kRead, kWrite };
+
+class TransferState;
+
+// A transfer in flight. Wait() may be called from any thread; dropping the handle does not cancel.
+class Transfer {
+ public:
+  Transfer() = default;
+  explicit Transfer(std::shared_ptr<TransferState> state) : state_(std::move(state)) {}
+  // Returns the transfer's final status, or TimedOut if `timeout` passes first (the transfer keeps
+  // its own deadline, op_timeout_ms, after which it fails by itself).
+  Status Wait(std::chrono::milliseconds timeout = std::chrono::milliseconds::max()) const;
+  bool Done() const;
+  uint64_t bytes() const;
+
+ private:
+  std::shared_ptr<TransferState> state_;
+};
+
+struct EngineStats {
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+  uint64_t ops_posted = 0;
+  uint64_t ops_failed = 0;
+  uint64_t transfers_ok = 0;
+  uint64_t transfers_failed = 0;
+  uint64_t regions_registered = 0;  // currently registered
+  uint64_t peers = 0;
+};
+
+class Engine {
+ public:
+  // Selects the provider, opens fabric/domain/endpoint/AV/CQ, starts the progress thread and
+  // logs once which provider is used and why.
+  static Result<std::unique_ptr<Engine>> Open(const Config& config);
+  ~Engine();
+
+  const ProviderReport& report() const;
+  const ProviderProfile& profile() const;
+
+  // This endpoint's fabric address (opaque bytes), to send to peers once.
+  std::string Address() const;
+  // Inserts a peer's address into the address vector once; later calls return the same id.
+  Result<PeerId> AddPeer(const std::string& address);
+
+  // Registers [base, base+length) for local and remote read/write. A range inside an already
+  // registered region returns that region (registration cache).
+  Result<std::shared_ptr<MemoryRegion>> Register(void* base, size_t length);
+
+  // Moves the spans between local memory (inside `local_region`) and `remote`, split into chunks
+  // of at most chunk_size with up to max_inflight in flight. Validates every span first.
+  Result<Transfer> Start(RmaOp op, PeerId peer, const RemoteRegion& remote,
+                         const std::shared_ptr<MemoryRegion>& local_region,
+                         const std::vector<RmaSpan>& spans);
+  // Convenience: one span, waited for.
+  Status Read(PeerId peer, const RemoteRegion& remote, uint64_t remote_offset,
+              const std::shared_ptr<MemoryRegion>& local_region, void* local, size_t length);
+  Status Write(PeerId peer, const RemoteRegion& remote, uint64_t remote_offset,
+               const std::shared_ptr<MemoryRegion>& local_region, const void* local,
+               size_t length);
+
+  EngineStats stats() const;
+
+ private:
+  explicit Engine(std::shared_ptr<EngineCore> core);
+  std::shared_ptr<EngineCore> core_;
+};
+
+}  // namespace rayfabric::fabric

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs everything rayfabric needs on a fresh Debian 12 machine (as root, or with sudo) and
+# builds it into ./build. Safe to run again: it skips what is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+DEB_PKGS=(build-essential meson ninja-build pkg-config
+          libfabric-dev libfabric-bin libibverbs-dev ibverbs-providers
+          libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
+          libflatbuffers-dev flatbuffers-compiler libgtest-dev libgmock-dev
+          python3-pip)
+missing=()
+for p in "${DEB_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[setup] apt-get install ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# Python side: the pinned Ray release (the plasma protocol is checked against it) and test tools.
+PY=${PYTHON:-python3}
+RAY_VERSION=$(cat python/RAY_VERSION)
+if ! $PY -c "import ray, sys; sys.exit(ray.__version__ != '$RAY_VERSION')" 2>/dev/null ||
+   ! $PY -c "import numpy, pandas, pytest" 2>/dev/null; then
+  echo "[setup] pip install ray==$RAY_VERSION numpy pandas pytest"
+  $PY -m pip install -q "ray[default]==$RAY_VERSION" numpy pandas pytest
+fi
+
+if [ ! -f build/build.ninja ]; then
+  meson setup build --buildtype=release
+fi
+ninja -C build

@@ -1,0 +1,224 @@
+#include "fabric/provider.h"
+
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "fabric/fabric_error.h"
+
+namespace rayfabric::fabric {
+namespace {
+
+// The ranking, in one table: hardware RDMA first, then socket emulations. Providers not listed
+// rank lowest and count as non-RDMA.
+struct ProviderRank {
+  const char* name;
+  int rank;
+  bool rdma;
+  const char* note;
+};
+
+constexpr ProviderRank kRanks[] = {
+    {"cxi", 100, true, "HPE Slingshot"},
+    {"efa", 100, true, "AWS Elastic Fabric Adapter"},
+    {"verbs;ofi_rxm", 90, true, "InfiniBand / RoCE verbs under the RDM utility provider"},
+    {"opx", 85, true, "Omni-Path Express"},
+    {"psm3", 80, true, "Intel PSM3 (verbs-based)"},
+    {"psm2", 80, true, "Omni-Path PSM2"},
+    {"verbs;ofi_rxd", 70, true, "verbs datagrams under the RDM utility provider"},
+    {"tcp;ofi_rxm", 50, false, "TCP sockets (no RDMA)"},
+    {"tcp", 50, false, "TCP sockets (no RDMA)"},
+    {"net", 45, false, "TCP sockets, native RDM (no RDMA)"},
+    {"sockets", 30, false, "legacy sockets provider (no RDMA)"},
+    {"shm", 10, false, "shared memory: same host only"},
+    {"udp;ofi_rxd", 5, false, "UDP datagrams (slow)"},
+};
+
+const ProviderRank* FindRank(const std::string& name) {
+  for (const ProviderRank& r : kRanks) {
+    if (name == r.name) return &r;
+  }
+  return nullptr;
+}
+
+bool IsLoopbackDomain(const std::string& domain) { return domain == "lo"; }
+
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += ' ';
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<struct fi_info, InfoDeleter> EngineHints() {
+  std::unique_ptr<struct fi_info, InfoDeleter> hints(fi_allocinfo());
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+  // Every op carries a struct fi_context2 as its context, so both context modes are fine.
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
+                                FI_MR_ENDPOINT | FI_MR_RAW;
+  hints->domain_attr->threading = FI_THREAD_SAFE;
+  hints->domain_attr->av_type = FI_AV_UNSPEC;
+  return hints;
+}
+
+ProviderProfile ProfileFromInfo(const struct fi_info* info) {
+  ProviderProfile p;
+  p.provider = info->fabric_attr->prov_name ? info->fabric_attr->prov_name : "";
+  p.domain = info->domain_attr->name ? info->domain_attr->name : "";
+  p.fabric = info->fabric_attr->name ? info->fabric_attr->name : "";
+  const ProviderRank* rank = FindRank(p.provider);
+  p.rdma = rank != nullptr && rank->rdma;
+  uint64_t mode = static_cast<uint64_t>(info->domain_attr->mr_mode);
+  p.mr_mode = mode;
+  p.local_desc = (mode & FI_MR_LOCAL) != 0;
+  p.virt_addr = (mode & FI_MR_VIRT_ADDR) != 0;
+  p.prov_key = (mode & FI_MR_PROV_KEY) != 0;
+  p.endpoint_mr = (mode & FI_MR_ENDPOINT) != 0;
+  p.raw_key = (mode & FI_MR_RAW) != 0;
+  p.allocated = (mode & FI_MR_ALLOCATED) != 0;
+  p.key_size = info->domain_attr->mr_key_size;
+  p.max_msg_size = info->ep_attr->max_msg_size;
+  p.rma_iov_limit = info->tx_attr->rma_iov_limit;
+  p.manual_progress = info->domain_attr->data_progress != FI_PROGRESS_AUTO;
+  p.thread_safe = info->domain_attr->threading == FI_THREAD_SAFE;
+  return p;
+}
+
+Result<SelectedProvider> SelectProviderInfo(const Config& config) {
+  const std::string want_provider = config.GetString("provider");
+  const std::string want_domain = config.GetString("domain");
+  RF_ASSIGN_OR_RETURN(bool require_rdma, config.GetBool("require_rdma"));
+
+  auto hints = EngineHints();
+  if (!want_provider.empty()) hints->fabric_attr->prov_name = strdup(want_provider.c_str());
+  if (!want_domain.empty()) hints->domain_attr->name = strdup(want_domain.c_str());
+
+  struct fi_info* raw = nullptr;
+  int ret = fi_getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, hints.get(), &raw);
+  std::unique_ptr<struct fi_info, InfoDeleter> infos(raw);
+  const char* fi_provider_env = std::getenv("FI_PROVIDER");
+  std::string filters = std::string("provider='") + want_provider + "' domain='" + want_domain +
+                        "'" + (fi_provider_env ? std::string(" FI_PROVIDER='") + fi_provider_env + "'" : "");
+  if (ret == -FI_ENODATA || (ret == 0 && infos == nullptr)) {
+    return NotFound("no libfabric provider offers RDM endpoints with RMA read/write for " + filters +
+                    ". `fi_info -l` lists the installed providers; `rayfabric doctor` explains why "
+                    "an RDMA device is not usable; unset RAYFABRIC_PROVIDER/FI_PROVIDER to let "
+                    "rayfabric choose");
+  }
+  if (ret != 0) return FabricStatus(ret, "fi_getinfo(" + filters + ")");
+
+  ProviderReport report;
+  const struct fi_info* best = nullptr;
+  int best_score = -1;
+  for (const struct fi_info* i = infos.get(); i != nullptr; i = i->next) {
+    ProviderCandidate c;
+    c.provider = i->fabric_attr->prov_name ? i->fabric_attr->prov_name : "?";
+    c.domain = i->domain_attr->name ? i->domain_attr->name : "?";
+    bool duplicate = std::any_of(report.candidates.begin(), report.candidates.end(),
+                                 [&](const ProviderCandidate& o) {
+                                   return o.provider == c.provider && o.domain == c.domain;
+                                 });
+    if (duplicate) continue;  // fi_info lists one entry per address format / mode combination
+    const ProviderRank* rank = FindRank(c.provider);
+    c.rank = rank ? rank->rank : 1;
+    c.rdma = rank && rank->rdma;
+    // Loopback domains cannot reach other hosts: only pick them if nothing else is there.
+    int score = c.rank * 2 + (IsLoopbackDomain(c.domain) && want_domain.empty() ? 0 : 1);
+    if (require_rdma && !c.rdma) {
+      c.verdict = "passed over: not RDMA and require_rdma is set";
+    } else if (score > best_score) {
+      best_score = score;
+      best = i;
+    }
+    report.candidates.push_back(c);
+  }
+  if (best == nullptr) {
+    std::string seen;
+    for (const auto& c : report.candidates) seen += " " + c.provider + "/" + c.domain;
+    return Unavailable("require_rdma is set but libfabric offers no RDMA provider (seen:" + seen +
+                       "). Run `rayfabric doctor` to see why no RDMA device is usable, or unset "
+                       "RAYFABRIC_REQUIRE_RDMA to allow the TCP fallback");
+  }
+  report.chosen = ProfileFromInfo(best);
+  for (auto& c : report.candidates) {
+    if (!c.verdict.empty()) continue;
+    if (c.provider == report.chosen.provider && c.domain == report.chosen.domain) {
+      c.verdict = "chosen";
+    } else if (IsLoopbackDomain(c.domain) && want_domain.empty()) {
+      c.verdict = "passed over: loopback domain cannot reach other hosts";
+    } else {
+      c.verdict = "passed over: ranks below " + report.chosen.provider + "/" + report.chosen.domain;
+    }
+  }
+  const ProviderRank* rank = FindRank(report.chosen.provider);
+  std::string why = !want_provider.empty() ? "requested by RAYFABRIC_PROVIDER/--provider"
+                    : fi_provider_env       ? "FI_PROVIDER restricts libfabric to it"
+                                            : "highest ranked of what fi_info offers";
+  report.reason = report.chosen.provider + " on domain " + report.chosen.domain + ": " + why +
+                  (rank ? std::string(" (") + rank->note + ")" : std::string(" (unranked provider)")) +
+                  (report.chosen.rdma ? "" : "; NOT RDMA: the CPU copies every byte (socket or shared-memory emulation)");
+  SelectedProvider out;
+  out.report = std::move(report);
+  out.info.reset(fi_dupinfo(best));
+  return out;
+}
+
+Result<ProviderReport> SelectProvider(const Config& config) {
+  RF_ASSIGN_OR_RETURN(SelectedProvider s, SelectProviderInfo(config));
+  return std::move(s.report);
+}
+
+std::string ProviderReport::ToString() const {
+  std::ostringstream os;
+  const ProviderProfile& p = chosen;
+  os << "provider " << p.provider << " domain " << p.domain << " (" << reason << ")\n";
+  os << "  mr_mode:" << (p.local_desc ? " FI_MR_LOCAL" : "") << (p.virt_addr ? " FI_MR_VIRT_ADDR" : "")
+     << (p.allocated ? " FI_MR_ALLOCATED" : "") << (p.prov_key ? " FI_MR_PROV_KEY" : "")
+     << (p.endpoint_mr ? " FI_MR_ENDPOINT" : "") << (p.raw_key ? " FI_MR_RAW" : "")
+     << " key_size=" << p.key_size << " max_msg_size=" << p.max_msg_size
+     << " rma_iov_limit=" << p.rma_iov_limit
+     << " progress=" << (p.manual_progress ? "manual" : "auto") << "\n";
+  for (const auto& c : candidates) {
+    os << "  candidate " << c.provider << "/" << c.domain << " rank " << c.rank
+       << (c.rdma ? " rdma" : "") << ": " << c.verdict << "\n";
+  }
+  return os.str();
+}
+
+std::string ProviderReport::ToJson() const {
+  std::ostringstream os;
+  const ProviderProfile& p = chosen;
+  os << "{\"provider\":\"" << JsonEscape(p.provider) << "\",\"domain\":\"" << JsonEscape(p.domain)
+     << "\",\"fabric\":\"" << JsonEscape(p.fabric) << "\",\"rdma\":" << (p.rdma ? "true" : "false")
+     << ",\"reason\":\"" << JsonEscape(reason) << "\",\"mr_mode\":" << p.mr_mode
+     << ",\"key_size\":" << p.key_size << ",\"max_msg_size\":" << p.max_msg_size
+     << ",\"rma_iov_limit\":" << p.rma_iov_limit
+     << ",\"manual_progress\":" << (p.manual_progress ? "true" : "false") << ",\"candidates\":[";
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const auto& c = candidates[i];
+    os << (i ? "," : "") << "{\"provider\":\"" << JsonEscape(c.provider) << "\",\"domain\":\""
+       << JsonEscape(c.domain) << "\",\"rank\":" << c.rank << ",\"rdma\":" << (c.rdma ? "true" : "false")
+       << ",\"verdict\":\"" << JsonEscape(c.verdict) << "\"}";
+  }
+  os << "]}";
+  return os.str();
+}
+
+}  // namespace rayfabric::fabric

@@ -1,0 +1,628 @@
+#include "rayfabric/plasma_client.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include "plasma/protocol.h"
+#include "plasma/unix_socket.h"
+#include "rayfabric/log.h"
+
+namespace rayfabric::plasma {
+namespace {
+
+constexpr size_t kRayIdSize = 28;  // NodeID and WorkerID, like ObjectID, are 28 bytes in Ray
+// The store maps each segment with 8 bytes more than it hands out (Ray's kMmapRegionsGap);
+// clients map mmap_size - 8.
+constexpr int64_t kMmapRegionsGap = 8;
+// The store aborts (FATAL) when it cannot create a fallback file (e.g. ftruncate: EFBIG), so
+// disk-fallback objects are bounded well below any filesystem's file size limit.
+constexpr uint64_t kMaxFallbackObjectBytes = 1ull << 40;
+constexpr int64_t kMaxSegmentBytes = 1ll << 50;
+constexpr size_t kMaxIdsPerGet = 100000;
+constexpr int64_t kMaxTimeoutMs = 24ll * 3600 * 1000;
+constexpr auto kCreateRetryInterval = std::chrono::milliseconds(10);  // what Ray's client waits
+
+std::string Short(const ObjectId& id) { return id.Hex().substr(0, 16) + ".."; }
+
+bool AddOverflows(uint64_t a, uint64_t b) { return a > UINT64_MAX - b; }
+
+}  // namespace
+
+const std::vector<std::string>& SupportedRayVersions() {
+  static const std::vector<std::string> kVersions = {"2.60.0"};
+  return kVersions;
+}
+
+bool IsSupportedRayVersion(std::string_view ray_version) {
+  const auto& v = SupportedRayVersions();
+  return std::find(v.begin(), v.end(), ray_version) != v.end();
+}
+
+class PlasmaClient::Impl {
+ public:
+  Impl(UnixStream stream, ConnectOptions options)
+      : stream_(std::move(stream)), options_(std::move(options)) {}
+
+  ~Impl() {
+    // Closing the socket first lets the store drop our references (and abort what we created
+    // but never sealed) before the memory disappears from this process.
+    stream_.Close();
+    for (auto& [key, seg] : segments_) Unmap(seg);
+  }
+
+  Result<int64_t> Handshake() {
+    std::lock_guard<std::mutex> lock(mu_);
+    RF_ASSIGN_OR_RETURN(std::vector<uint8_t> payload,
+                        Roundtrip(MessageType::kConnectRequest, EncodeConnectRequest(),
+                                  MessageType::kConnectReply, RequestDeadline()));
+    auto reply = DecodeConnectReply(payload);
+    if (!reply.ok()) return Fail(reply.status());
+    return reply->memory_capacity;
+  }
+
+  Result<std::vector<ObjectBuffer>> Get(const std::vector<ObjectId>& ids, int64_t timeout_ms) {
+    std::lock_guard<std::mutex> lock(mu_);
+    RF_RETURN_IF_ERROR(CheckHealthy());
+    if (ids.empty() || ids.size() > kMaxIdsPerGet) {
+      return InvalidArgument("Get needs 1.." + std::to_string(kMaxIdsPerGet) + " ids, got " +
+                             std::to_string(ids.size()));
+    }
+    if (timeout_ms < 0 || timeout_ms > kMaxTimeoutMs) {
+      // -1 (wait forever) would hold this connection, and its lock, without bound.
+      return InvalidArgument("Get timeout_ms must be in [0, " + std::to_string(kMaxTimeoutMs) +
+                             "], got " + std::to_string(timeout_ms));
+    }
+    std::set<ObjectId> seen;
+    for (const ObjectId& id : ids) {
+      RF_RETURN_IF_ERROR(CheckId(id, "Get"));
+      if (!seen.insert(id).second) {
+        return InvalidArgument("Get lists object " + id.Hex() + " twice");
+      }
+      auto it = held_.find(id);
+      if (it != held_.end() && !it->second.sealed) {
+        return InvalidArgument("Get of object " + id.Hex() +
+                               " that this client created and has not sealed: Seal it first");
+      }
+    }
+    auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms) +
+                    std::chrono::milliseconds(options_.request_timeout_ms);
+    RF_ASSIGN_OR_RETURN(std::vector<uint8_t> payload,
+                        Roundtrip(MessageType::kGetRequest, EncodeGetRequest(ids, timeout_ms),
+                                  MessageType::kGetReply, deadline));
+    auto decoded = DecodeGetReply(payload);
+    if (!decoded.ok()) return Fail(decoded.status());
+    GetReply& reply = *decoded;
+    if (reply.object_ids.size() != ids.size()) {
+      return Fail(ProtocolError("GetReply lists " + std::to_string(reply.object_ids.size()) +
+                                " objects for a request of " + std::to_string(ids.size())));
+    }
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (reply.object_ids[i] != ids[i].Binary()) {
+        return Fail(
+            ProtocolError("GetReply object " + std::to_string(i) + " is not the one requested"));
+      }
+    }
+    // The store sends an fd after the reply for each listed segment it has not sent on this
+    // connection before; receive exactly those, in order.
+    for (size_t i = 0; i < reply.segments.size(); ++i) {
+      bool fallback = false;
+      for (const ObjectSpec& spec : reply.objects) {
+        if (spec.found() && spec.segment_index == reply.segments[i].store_fd &&
+            spec.unique_fd_id == reply.segments[i].unique_fd_id) {
+          fallback = fallback || spec.fallback_allocated;
+        }
+      }
+      RF_RETURN_IF_ERROR(EnsureSegment(reply.segments[i], reply.mmap_sizes[i], fallback, deadline));
+    }
+    // Record every pin the store now holds for us before anything can fail, so that Release
+    // (or closing the connection) stays correct.
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const ObjectSpec& spec = reply.objects[i];
+      if (!spec.found()) continue;
+      SegmentKey key{spec.segment_index, spec.unique_fd_id};
+      auto [it, inserted] = held_.try_emplace(ids[i]);
+      if (inserted) {
+        it->second = Held{false, true, 0, key, spec.fallback_allocated};
+        if (spec.fallback_allocated) ++fallback_users_[key];
+      }
+      ++it->second.local_refs;
+    }
+    std::vector<ObjectBuffer> out;
+    out.reserve(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const ObjectSpec& spec = reply.objects[i];
+      if (!spec.found()) {
+        ObjectBuffer missing;
+        missing.id = ids[i];
+        out.push_back(missing);
+        continue;
+      }
+      RF_ASSIGN_OR_RETURN(ObjectBuffer buffer, MakeBuffer(ids[i], spec));
+      out.push_back(buffer);
+    }
+    return out;
+  }
+
+  Result<ObjectBuffer> Create(const ObjectId& id, const CreateOptions& o, int64_t capacity) {
+    std::lock_guard<std::mutex> lock(mu_);
+    RF_RETURN_IF_ERROR(CheckHealthy());
+    RF_RETURN_IF_ERROR(CheckId(id, "Create"));
+    RF_RETURN_IF_ERROR(CheckOwner(o.owner));
+    if (held_.count(id) != 0) {
+      return InvalidArgument("Create of object " + id.Hex() +
+                             " that this client already holds (created or got); release it first");
+    }
+    if (AddOverflows(o.data_size, o.metadata_size) || o.data_size + o.metadata_size == 0 ||
+        o.data_size + o.metadata_size > kMaxFallbackObjectBytes) {
+      return InvalidArgument("Create of object " + id.Hex() + " with data_size " +
+                             std::to_string(o.data_size) + " + metadata_size " +
+                             std::to_string(o.metadata_size) + ": the total must be in [1, 2^40]");
+    }
+    const uint64_t total = o.data_size + o.metadata_size;
+    if (!o.allow_disk_fallback && capacity > 0 && total > static_cast<uint64_t>(capacity)) {
+      return ResourceExhausted("create of object " + Short(id) +
+                               ": object store full: " + std::to_string(total) +
+                               " bytes can never fit in this node's "
+                               "object store of " +
+                               std::to_string(capacity) +
+                               " bytes; raise object_store_memory, allow disk fallback, or let "
+                               "Ray move this object");
+    }
+    if (o.timeout_ms < 0 || o.timeout_ms > kMaxTimeoutMs) {
+      return InvalidArgument("Create timeout_ms must be in [0, " + std::to_string(kMaxTimeoutMs) +
+                             "], got " + std::to_string(o.timeout_ms));
+    }
+    CreateRequestFields fields;
+    fields.object_id = id;
+    fields.owner_node_id = o.owner.node_id;
+    fields.owner_ip_address = o.owner.ip_address;
+    fields.owner_port = o.owner.port;
+    fields.owner_worker_id = o.owner.worker_id;
+    fields.data_size = o.data_size;
+    fields.metadata_size = o.metadata_size;
+    fields.source = ObjectSource::kReceivedFromRemoteRaylet;
+    fields.try_immediately = o.allow_disk_fallback;
+    const std::string what = "create of object " + Short(id) + " (" +
+                             std::to_string(o.data_size + o.metadata_size) +
+                             " bytes, store capacity " + std::to_string(capacity) + ")";
+    const auto give_up_at = Clock::now() + std::chrono::milliseconds(o.timeout_ms);
+
+    MessageType type = MessageType::kCreateRequest;
+    std::vector<uint8_t> request = EncodeCreateRequest(fields);
+    while (true) {
+      RF_ASSIGN_OR_RETURN(std::vector<uint8_t> payload,
+                          Roundtrip(type, request, MessageType::kCreateReply, RequestDeadline()));
+      auto decoded = DecodeCreateReply(payload);
+      if (!decoded.ok()) return Fail(decoded.status());
+      const CreateReply& reply = *decoded;
+      if (reply.object_id != id.Binary()) {
+        return Fail(ProtocolError("CreateReply names another object than " + id.Hex()));
+      }
+      if (reply.error != static_cast<int32_t>(PlasmaError::kOk)) {
+        // No object and no fd follow an error: the connection stays usable.
+        return PlasmaErrorToStatus(reply.error, what);
+      }
+      if (reply.retry_with_request_id > 0) {
+        // The store queued the request (it is making room: eviction, spilling, fallback).
+        if (Clock::now() + kCreateRetryInterval > give_up_at) {
+          // Closing the connection is the only way to withdraw the queued request.
+          return Fail(ResourceExhausted(
+              what + ": object store full: the store found no room within " +
+              std::to_string(o.timeout_ms) +
+              " ms while evicting/spilling; retry later, free objects, or let Ray move it"));
+        }
+        std::this_thread::sleep_for(kCreateRetryInterval);
+        type = MessageType::kCreateRetryRequest;
+        request = EncodeCreateRetryRequest(id, reply.retry_with_request_id);
+        continue;
+      }
+      if (!reply.has_object) return Fail(VersionMismatch("CreateReply without plasma_object"));
+      const ObjectSpec& spec = reply.object;
+      if (spec.data_size != o.data_size || spec.metadata_size != o.metadata_size) {
+        return Fail(ProtocolError(what + ": store allocated " + std::to_string(spec.data_size) +
+                                  "+" + std::to_string(spec.metadata_size) + " bytes"));
+      }
+      SegmentKey key = reply.segment;
+      RF_RETURN_IF_ERROR(
+          EnsureSegment(key, reply.mmap_size, spec.fallback_allocated, RequestDeadline()));
+      held_[id] = Held{true, false, 1, key, spec.fallback_allocated};
+      if (spec.fallback_allocated) ++fallback_users_[key];
+      ObjectSpec located = spec;
+      located.segment_index = key.store_fd;
+      located.unique_fd_id = key.unique_fd_id;
+      return MakeBuffer(id, located);
+    }
+  }
+
+  Status Seal(const ObjectId& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    RF_RETURN_IF_ERROR(CheckHealthy());
+    RF_RETURN_IF_ERROR(CheckId(id, "Seal"));
+    auto it = held_.find(id);
+    // The store CHECK-fails (raylet exits) on a Seal of a missing or sealed object.
+    if (it == held_.end() || !it->second.created_here || it->second.sealed) {
+      return InvalidArgument("Seal of object " + id.Hex() +
+                             ": only an object this client created and has not sealed or "
+                             "aborted can be sealed");
+    }
+    RF_ASSIGN_OR_RETURN(std::vector<uint8_t> payload,
+                        Roundtrip(MessageType::kSealRequest, EncodeSealRequest(id),
+                                  MessageType::kSealReply, RequestDeadline()));
+    auto reply = DecodeSealReply(payload);
+    if (!reply.ok()) return Fail(reply.status());
+    if (reply->object_id != id.Binary()) return Fail(ProtocolError("SealReply for another object"));
+    RF_RETURN_IF_ERROR(PlasmaErrorToStatus(reply->error, "seal of object " + Short(id)));
+    it->second.sealed = true;
+    return Status::OK();
+  }
+
+  Status Abort(const ObjectId& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    RF_RETURN_IF_ERROR(CheckHealthy());
+    RF_RETURN_IF_ERROR(CheckId(id, "Abort"));
+    auto it = held_.find(id);
+    // The store CHECK-fails on an Abort by a non-creator or of a sealed object.
+    if (it == held_.end() || !it->second.created_here || it->second.sealed) {
+      return InvalidArgument("Abort of object " + id.Hex() +
+                             ": only an object this client created and has not sealed can be "
+                             "aborted (a sealed one is released instead)");
+    }
+    RF_ASSIGN_OR_RETURN(std::vector<uint8_t> payload,
+                        Roundtrip(MessageType::kAbortRequest, EncodeAbortRequest(id),
+                                  MessageType::kAbortReply, RequestDeadline()));
+    auto reply = DecodeAbortReply(payload);
+    if (!reply.ok()) return Fail(reply.status());
+    if (reply->object_id != id.Binary())
+      return Fail(ProtocolError("AbortReply for another object"));
+    // The store forgot a fallback segment it will send again once we no longer use it.
+    Held held = it->second;
+    held_.erase(it);
+    if (held.fallback) DropFallbackUser(held.segment, /*store_says_unmap=*/std::nullopt);
+    return Status::OK();
+  }
+
+  Status Release(const ObjectId& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    RF_RETURN_IF_ERROR(CheckHealthy());
+    RF_RETURN_IF_ERROR(CheckId(id, "Release"));
+    auto it = held_.find(id);
+    if (it == held_.end()) {
+      return InvalidArgument("Release of object " + id.Hex() + " that this client does not hold");
+    }
+    // The store CHECK-fails on a Release of the releasing client's own unsealed object.
+    if (!it->second.sealed) {
+      return InvalidArgument("Release of object " + id.Hex() +
+                             " that this client created and has not sealed: Seal or Abort it");
+    }
+    if (--it->second.local_refs > 0) return Status::OK();  // the store counts one pin per client
+    Held held = it->second;
+    held_.erase(it);
+    // may_unmap must be true for fallback objects (the store CHECK-fails otherwise) and then
+    // the store answers; for the main arena it must not expect an answer.
+    const bool may_unmap = held.fallback;
+    if (!may_unmap) {
+      return Send(MessageType::kReleaseRequest, EncodeReleaseRequest(id, false), RequestDeadline());
+    }
+    RF_ASSIGN_OR_RETURN(std::vector<uint8_t> payload,
+                        Roundtrip(MessageType::kReleaseRequest, EncodeReleaseRequest(id, true),
+                                  MessageType::kReleaseReply, RequestDeadline()));
+    auto reply = DecodeReleaseReply(payload);
+    if (!reply.ok()) return Fail(reply.status());
+    if (reply->object_id != id.Binary()) {
+      return Fail(ProtocolError("ReleaseReply for another object"));
+    }
+    DropFallbackUser(held.segment, reply->should_unmap);
+    return PlasmaErrorToStatus(reply->error, "release of object " + Short(id));
+  }
+
+  Result<bool> Contains(const ObjectId& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    RF_RETURN_IF_ERROR(CheckHealthy());
+    RF_RETURN_IF_ERROR(CheckId(id, "Contains"));
+    RF_ASSIGN_OR_RETURN(std::vector<uint8_t> payload,
+                        Roundtrip(MessageType::kContainsRequest, EncodeContainsRequest(id),
+                                  MessageType::kContainsReply, RequestDeadline()));
+    auto reply = DecodeContainsReply(payload);
+    if (!reply.ok()) return Fail(reply.status());
+    if (reply->object_id != id.Binary()) {
+      return Fail(ProtocolError("ContainsReply for another object"));
+    }
+    return reply->has_object;
+  }
+
+  bool healthy() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !broken_;
+  }
+
+  std::vector<SegmentInfo> Segments() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<SegmentInfo> out;
+    for (const auto& [key, seg] : segments_) out.push_back(Info(key, seg));
+    return out;
+  }
+
+  void SetSegmentCallbacks(SegmentCallback on_mapped, SegmentCallback on_unmapped) {
+    std::lock_guard<std::mutex> lock(mu_);
+    on_mapped_ = std::move(on_mapped);
+    on_unmapped_ = std::move(on_unmapped);
+  }
+
+ private:
+  struct Segment {
+    UniqueFd fd;
+    uint8_t* base = nullptr;
+    size_t size = 0;
+    bool fallback = false;
+  };
+  // What the store believes about one object and this connection.
+  struct Held {
+    bool created_here = false;  // Create succeeded on this connection
+    bool sealed = false;
+    int local_refs = 0;  // our Gets/Creates; the store holds one pin until this reaches 0
+    SegmentKey segment;
+    bool fallback = false;
+  };
+
+  Clock::time_point RequestDeadline() const {
+    return Clock::now() + std::chrono::milliseconds(options_.request_timeout_ms);
+  }
+
+  Status CheckHealthy() const {
+    if (broken_) {
+      return Unavailable("the plasma store connection is closed after an earlier error (" +
+                         broken_reason_ + "); connect a new client");
+    }
+    return Status::OK();
+  }
+
+  static Status CheckId(const ObjectId& id, const char* op) {
+    if (id.IsNil()) return InvalidArgument(std::string(op) + " of the nil object id");
+    return Status::OK();
+  }
+
+  static Status CheckOwner(const OwnerAddress& owner) {
+    if (owner.node_id.size() != kRayIdSize || owner.worker_id.size() != kRayIdSize) {
+      return InvalidArgument("owner node_id and worker_id must be 28 raw bytes each (got " +
+                             std::to_string(owner.node_id.size()) + " and " +
+                             std::to_string(owner.worker_id.size()) +
+                             "): take them from core_worker.get_owner_address(ref)");
+    }
+    if (owner.ip_address.empty() || owner.ip_address.size() > 255 ||
+        owner.ip_address.find('\0') != std::string::npos) {
+      return InvalidArgument("owner ip_address '" + owner.ip_address + "' is empty or malformed");
+    }
+    if (owner.port <= 0 || owner.port > 65535) {
+      return InvalidArgument("owner port " + std::to_string(owner.port) + " is not in 1..65535");
+    }
+    return Status::OK();
+  }
+
+  // Marks the connection unusable: after an I/O or protocol error we can no longer tell where
+  // one message ends, and closing is also how the store learns to drop our pins.
+  Status Fail(Status status) {
+    if (!broken_) {
+      broken_ = true;
+      broken_reason_ = status.ToString();
+      stream_.Close();
+      RF_LOG(kWarn, "plasma client: closing the store connection: " << broken_reason_);
+    }
+    return status;
+  }
+
+  Status Send(MessageType type, const std::vector<uint8_t>& payload, Clock::time_point deadline) {
+    MessageHeader header{options_.cookie, static_cast<int64_t>(type), payload.size()};
+    auto bytes = EncodeHeader(header);
+    std::vector<uint8_t> message(bytes.begin(), bytes.end());
+    message.insert(message.end(), payload.begin(), payload.end());
+    Status s = stream_.SendAll(message.data(), message.size(), deadline);
+    if (!s.ok()) return Fail(s);
+    return Status::OK();
+  }
+
+  Result<std::vector<uint8_t>> Receive(MessageType expected, Clock::time_point deadline) {
+    uint8_t raw[kHeaderSize];
+    Status s = stream_.RecvExact(raw, sizeof(raw), deadline);
+    if (!s.ok()) return Fail(s);
+    MessageHeader header = DecodeHeader(raw);
+    if (header.cookie != options_.cookie) {
+      return Fail(
+          VersionMismatch("the plasma store's reply does not start with the Ray cookie (got 0x" +
+                          BytesToHex(std::string(reinterpret_cast<char*>(raw), 8)) +
+                          "): another protocol, or RAY_ray_cookie differs; this client speaks " +
+                          SupportedRayVersionsText()));
+    }
+    if (header.type != static_cast<int64_t>(expected)) {
+      return Fail(VersionMismatch(
+          std::string("the plasma store answered message type ") + std::to_string(header.type) +
+          " (" + MessageTypeName(header.type) + " in " + SupportedRayVersionsText() + ") where " +
+          MessageTypeName(static_cast<int64_t>(expected)) +
+          " was due: the store speaks another protocol version"));
+    }
+    if (header.length > kMaxReplyBytes) {
+      return Fail(ProtocolError("plasma reply of " + std::to_string(header.length) +
+                                " bytes is implausibly large"));
+    }
+    std::vector<uint8_t> payload(header.length);
+    s = stream_.RecvExact(payload.data(), payload.size(), deadline);
+    if (!s.ok()) return Fail(s);
+    return payload;
+  }
+
+  Result<std::vector<uint8_t>> Roundtrip(MessageType type, const std::vector<uint8_t>& payload,
+                                         MessageType reply_type, Clock::time_point deadline) {
+    RF_RETURN_IF_ERROR(Send(type, payload, deadline));
+    return Receive(reply_type, deadline);
+  }
+
+  // Receives and maps the segment's fd unless this connection already has it: the store sends
+  // each (fd, unique id) once per connection and there is no flag saying an fd follows.
+  Status EnsureSegment(const SegmentKey& key, int64_t mmap_size, bool fallback,
+                       Clock::time_point deadline) {
+    if (segments_.count(key) != 0) return Status::OK();
+    auto fd = stream_.RecvFd(deadline);
+    if (!fd.ok()) return Fail(fd.status());
+    if (mmap_size <= kMmapRegionsGap || mmap_size > kMaxSegmentBytes) {
+      return Fail(ProtocolError("plasma segment mmap_size " + std::to_string(mmap_size) +
+                                " is implausible"));
+    }
+    Segment seg;
+    seg.size = static_cast<size_t>(mmap_size - kMmapRegionsGap);
+    void* base = ::mmap(nullptr, seg.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd->get(), 0);
+    if (base == MAP_FAILED) {
+      return Fail(ResourceExhausted("mmap of a plasma segment (" + std::to_string(seg.size) +
+                                    " bytes) failed: " + std::strerror(errno)));
+    }
+    seg.base = static_cast<uint8_t*>(base);
+    seg.fd = std::move(*fd);
+    seg.fallback = fallback;
+    auto& stored = segments_[key] = std::move(seg);
+    RF_LOG(kInfo, "plasma client: mapped segment fd " << key.store_fd << "/" << key.unique_fd_id
+                                                      << " (" << stored.size << " bytes"
+                                                      << (fallback ? ", fallback" : "") << ")");
+    if (on_mapped_) on_mapped_(Info(key, stored));
+    return Status::OK();
+  }
+
+  // One of our objects on a fallback segment is gone; the store forgets the segment (and will
+  // resend its fd) when none is left. `store_says_unmap` is the store's verdict when it gave one.
+  void DropFallbackUser(const SegmentKey& key, std::optional<bool> store_says_unmap) {
+    int left = --fallback_users_[key];
+    bool unmap = store_says_unmap.value_or(left <= 0);
+    if (store_says_unmap.has_value() && *store_says_unmap != (left <= 0)) {
+      RF_LOG(kWarn, "plasma client: store and client disagree whether fallback segment "
+                        << key.store_fd << " is still used; following the store");
+    }
+    if (!unmap) return;
+    fallback_users_.erase(key);
+    auto it = segments_.find(key);
+    if (it == segments_.end()) return;
+    if (on_unmapped_) on_unmapped_(Info(key, it->second));
+    Unmap(it->second);
+    segments_.erase(it);
+  }
+
+  static void Unmap(Segment& seg) {
+    if (seg.base != nullptr) ::munmap(seg.base, seg.size);
+    seg.base = nullptr;
+    seg.fd.Reset();
+  }
+
+  static SegmentInfo Info(const SegmentKey& key, const Segment& seg) {
+    return SegmentInfo{key.store_fd, key.unique_fd_id, seg.fd.get(),
+                       seg.base,     seg.size,         seg.fallback};
+  }
+
+  Result<ObjectBuffer> MakeBuffer(const ObjectId& id, const ObjectSpec& spec) {
+    auto it = segments_.find(SegmentKey{spec.segment_index, spec.unique_fd_id});
+    if (it == segments_.end()) {
+      return Fail(ProtocolError("object " + id.Hex() + " lies in segment " +
+                                std::to_string(spec.segment_index) +
+                                " whose fd this connection never received"));
+    }
+    const Segment& seg = it->second;
+    if (AddOverflows(spec.data_size, spec.metadata_size) ||
+        AddOverflows(spec.data_offset, spec.data_size + spec.metadata_size) ||
+        spec.data_offset + spec.data_size + spec.metadata_size > seg.size ||
+        (spec.metadata_size > 0 && spec.metadata_offset != spec.data_offset + spec.data_size)) {
+      return Fail(ProtocolError(
+          "object " + id.Hex() + " at offset " + std::to_string(spec.data_offset) + " (+" +
+          std::to_string(spec.data_size) + "+" + std::to_string(spec.metadata_size) +
+          ") does not lie contiguously inside its segment of " + std::to_string(seg.size) +
+          " bytes"));
+    }
+    ObjectBuffer b;
+    b.id = id;
+    b.found = true;
+    b.data = seg.base + spec.data_offset;
+    b.data_size = spec.data_size;
+    b.metadata_size = spec.metadata_size;
+    b.data_offset = spec.data_offset;
+    b.segment_base = seg.base;
+    b.segment_size = seg.size;
+    b.segment_fd = seg.fd.get();
+    b.fallback_allocated = spec.fallback_allocated;
+    b.is_mutable = spec.is_experimental_mutable_object;
+    return b;
+  }
+
+  mutable std::mutex mu_;  // one request outstanding per connection, and all state below
+  UnixStream stream_;
+  ConnectOptions options_;
+  bool broken_ = false;
+  std::string broken_reason_;
+  std::map<SegmentKey, Segment> segments_;  // mirrors the store's per-connection fd set
+  std::map<SegmentKey, int> fallback_users_;
+  std::unordered_map<ObjectId, Held> held_;
+  SegmentCallback on_mapped_;
+  SegmentCallback on_unmapped_;
+};
+
+Result<std::unique_ptr<PlasmaClient>> PlasmaClient::Connect(const std::string& socket_path,
+                                                            const ConnectOptions& options) {
+  if (!options.ray_version.empty() && !IsSupportedRayVersion(options.ray_version)) {
+    return VersionMismatch("Ray " + options.ray_version +
+                           " is not supported: rayfabric speaks the plasma protocol of " +
+                           SupportedRayVersionsText() +
+                           " only; install that Ray version or a rayfabric built for yours");
+  }
+  if (options.request_timeout_ms <= 0 || options.request_timeout_ms > kMaxTimeoutMs) {
+    return InvalidArgument("request_timeout_ms must be in [1, " + std::to_string(kMaxTimeoutMs) +
+                           "]");
+  }
+  RF_ASSIGN_OR_RETURN(UnixStream stream, UnixStream::Connect(socket_path));
+  auto impl = std::make_unique<Impl>(std::move(stream), options);
+  auto capacity = impl->Handshake();
+  if (!capacity.ok()) return capacity.status().WithContext("plasma store at " + socket_path);
+  RF_LOG(kInfo,
+         "plasma client: connected to " << socket_path << " (capacity " << *capacity << " bytes)");
+  return std::unique_ptr<PlasmaClient>(new PlasmaClient(socket_path, std::move(impl), *capacity));
+}
+
+PlasmaClient::PlasmaClient(std::string socket_path, std::unique_ptr<Impl> impl,
+                           int64_t memory_capacity)
+    : socket_path_(std::move(socket_path)),
+      impl_(std::move(impl)),
+      memory_capacity_(memory_capacity) {}
+
+PlasmaClient::~PlasmaClient() = default;
+
+Result<std::vector<ObjectBuffer>> PlasmaClient::Get(const std::vector<ObjectId>& ids,
+                                                    int64_t timeout_ms) {
+  return impl_->Get(ids, timeout_ms);
+}
+
+Result<ObjectBuffer> PlasmaClient::GetOne(const ObjectId& id, int64_t timeout_ms) {
+  RF_ASSIGN_OR_RETURN(std::vector<ObjectBuffer> buffers, impl_->Get({id}, timeout_ms));
+  if (!buffers[0].found) {
+    return NotFound("object " + id.Hex() + " is not sealed in the plasma store at " + socket_path_ +
+                    " (waited " + std::to_string(timeout_ms) +
+                    " ms): it lives on another node, was evicted/spilled, or is inlined");
+  }
+  return buffers[0];
+}
+
+Result<ObjectBuffer> PlasmaClient::Create(const ObjectId& id, const CreateOptions& options) {
+  return impl_->Create(id, options, memory_capacity_);
+}
+
+Status PlasmaClient::Seal(const ObjectId& id) { return impl_->Seal(id); }
+Status PlasmaClient::Abort(const ObjectId& id) { return impl_->Abort(id); }
+Status PlasmaClient::Release(const ObjectId& id) { return impl_->Release(id); }
+Result<bool> PlasmaClient::Contains(const ObjectId& id) { return impl_->Contains(id); }
+bool PlasmaClient::healthy() const { return impl_->healthy(); }
+std::vector<SegmentInfo> PlasmaClient::Segments() const { return impl_->Segments(); }
+void PlasmaClient::SetSegmentCallbacks(SegmentCallback on_mapped, SegmentCallback on_unmapped) {
+  impl_->SetSegmentCallbacks(std::move(on_mapped), std::move(on_unmapped));
+}
+
+}  // namespace rayfabric::plasma

@@ -1,0 +1,393 @@
+// Moves data between SEPARATE PROCESSES through a real libfabric provider and checks every byte.
+// The provider comes from RAYFABRIC_PROVIDER (meson registers this binary once per provider);
+// RAYFABRIC_TEST_DOMAINS="a,b" puts this process on domain a and its peers on domain b (Soft-RoCE);
+// RAYFABRIC_TEST_MAX_BYTES caps the largest transfer (default 1 GiB).
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <algorithm>
+#include <fstream>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "peer_process.h"
+#include "rayfabric/fabric.h"
+
+namespace rayfabric {
+namespace {
+
+using fabric::Engine;
+using fabric::MemoryRegion;
+using fabric::RmaOp;
+using fabric::RmaSpan;
+using testing::Buffer;
+using testing::FillPattern;
+using testing::FirstMismatch;
+using testing::PeerProcess;
+
+std::string g_self;
+
+std::string Domain(int which) {
+  const char* d = std::getenv("RAYFABRIC_TEST_DOMAINS");
+  if (!d) return "";
+  std::string s(d);
+  auto comma = s.find(',');
+  if (comma == std::string::npos) return s;
+  return which == 0 ? s.substr(0, comma) : s.substr(comma + 1);
+}
+
+uint64_t MaxBytes() {
+  const char* m = std::getenv("RAYFABRIC_TEST_MAX_BYTES");
+  return m ? std::strtoull(m, nullptr, 10) : (1ULL << 30);
+}
+
+std::string PeerEnv() {
+  std::string d = Domain(1);
+  return d.empty() ? "" : "RAYFABRIC_DOMAIN=" + d;
+}
+
+Config TestConfig() {
+  Config c = Config::FromEnvironment();
+  if (!Domain(0).empty()) {
+    EXPECT_TRUE(c.Set("domain", Domain(0)).ok());
+  }
+  return c;
+}
+
+// One engine for the whole process, as an agent would have.
+Engine& SharedEngine() {
+  static std::unique_ptr<Engine> engine = [] {
+    auto e = Engine::Open(TestConfig());
+    if (!e.ok()) {
+      std::cerr << "cannot open engine: " << e.status() << std::endl;
+      std::abort();
+    }
+    std::cerr << (*e)->report().ToString();
+    return std::move(*e);
+  }();
+  return *engine;
+}
+
+size_t CountOpenFds() {
+  size_t n = 0;
+  DIR* d = opendir("/proc/self/fd");
+  while (readdir(d) != nullptr) ++n;
+  closedir(d);
+  return n;
+}
+
+size_t RssKiB() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoul(line.substr(6));
+  }
+  return 0;
+}
+
+class FabricProcessTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<PeerProcess> StartPeer(uint64_t size, uint64_t seed) {
+    auto p = std::make_unique<PeerProcess>(g_self, size, seed, PeerEnv());
+    EXPECT_TRUE(p->ready()) << p->error();
+    return p;
+  }
+};
+
+TEST_F(FabricProcessTest, ReportsTheProviderItUses) {
+  Engine& e = SharedEngine();
+  const char* want = std::getenv("RAYFABRIC_PROVIDER");
+  if (want && *want) {
+    // "tcp" resolves to "tcp;ofi_rxm": the chosen name starts with what was asked for.
+    EXPECT_EQ(e.profile().provider.rfind(want, 0), 0u) << e.report().ToString();
+  }
+  if (!Domain(0).empty()) {
+    EXPECT_EQ(e.profile().domain, Domain(0));
+  }
+  EXPECT_FALSE(e.Address().empty());
+  EXPECT_NE(e.report().ToJson().find("\"provider\":\"" + e.profile().provider + "\""), std::string::npos);
+}
+
+TEST_F(FabricProcessTest, ReadsEverySizeByteExact) {
+  Engine& e = SharedEngine();
+  const uint64_t max = MaxBytes();
+  const uint64_t chunk = *Config::FromEnvironment().GetBytes("chunk_size");
+  const uint64_t region_size = max + 4096;
+  auto peer = StartPeer(region_size, 42);
+  ASSERT_TRUE(peer->ready());
+  auto id = e.AddPeer(peer->address());
+  ASSERT_TRUE(id.ok()) << id.status();
+  Buffer local(max);
+  auto mr = e.Register(local.data(), local.size());
+  ASSERT_TRUE(mr.ok()) << mr.status();
+  std::vector<uint64_t> sizes = {1, 7, 4095, 4096, 65537, chunk - 1, chunk, chunk * 3 + 17,
+                                 (64ULL << 20) + 3, max};
+  for (uint64_t size : sizes) {
+    if (size > max) continue;
+    uint64_t remote_offset = size < max ? 13 : 0;
+    std::memset(local.data(), 0, std::min<uint64_t>(size, 1 << 20));
+    auto start = std::chrono::steady_clock::now();
+    Status s = e.Read(*id, peer->region(), remote_offset, *mr, local.data(), size);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ASSERT_TRUE(s.ok()) << "size " << size << ": " << s;
+    EXPECT_EQ(FirstMismatch(local.data(), size, 42, remote_offset), -1) << "size " << size;
+    if (size >= (1 << 20)) {
+      std::cerr << "  read " << size << " B verified, " << size / secs / 1e9 << " GB/s\n";
+    }
+  }
+}
+
+TEST_F(FabricProcessTest, WritesEverySizeByteExact) {
+  Engine& e = SharedEngine();
+  const uint64_t max = MaxBytes();
+  const uint64_t chunk = *Config::FromEnvironment().GetBytes("chunk_size");
+  auto peer = StartPeer(max + 4096, 1);
+  ASSERT_TRUE(peer->ready());
+  auto id = e.AddPeer(peer->address());
+  ASSERT_TRUE(id.ok()) << id.status();
+  Buffer local(max);
+  FillPattern(local.data(), max, 77);
+  auto mr = e.Register(local.data(), local.size());
+  ASSERT_TRUE(mr.ok()) << mr.status();
+  for (uint64_t size : std::vector<uint64_t>{1, 4097, chunk * 2 + 5, (16ULL << 20) + 1, max}) {
+    if (size > max) continue;
+    const uint64_t remote_offset = 4096 - (size % 4096 == 0 ? 0 : 1);
+    Status s = e.Write(*id, peer->region(), remote_offset, *mr, local.data(), size);
+    ASSERT_TRUE(s.ok()) << "size " << size << ": " << s;
+    EXPECT_EQ(peer->Command("CHECK " + std::to_string(remote_offset) + " " + std::to_string(size) + " 77"),
+              "OK")
+        << "size " << size;
+  }
+}
+
+TEST_F(FabricProcessTest, BatchOfSpansInOneTransfer) {
+  Engine& e = SharedEngine();
+  const uint64_t kRegion = 8 << 20;
+  auto peer = StartPeer(kRegion, 9);
+  ASSERT_TRUE(peer->ready());
+  auto id = e.AddPeer(peer->address());
+  ASSERT_TRUE(id.ok());
+  Buffer local(kRegion);
+  auto mr = e.Register(local.data(), local.size());
+  ASSERT_TRUE(mr.ok());
+  // Reassemble the remote region in reverse order of 1 MiB + 1 byte pieces.
+  std::vector<RmaSpan> spans;
+  const uint64_t piece = (1 << 20) + 1;
+  for (uint64_t off = 0; off < kRegion; off += piece) {
+    uint64_t len = std::min(piece, kRegion - off);
+    spans.push_back({local.data() + off, len, off});
+  }
+  std::reverse(spans.begin(), spans.end());
+  auto t = e.Start(RmaOp::kRead, *id, peer->region(), *mr, spans);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE(t->Wait().ok());
+  EXPECT_EQ(t->bytes(), kRegion);
+  EXPECT_EQ(FirstMismatch(local.data(), kRegion, 9), -1);
+}
+
+TEST_F(FabricProcessTest, ConcurrentTransfersFromSeveralPeers) {
+  Engine& e = SharedEngine();
+  const uint64_t kSize = std::min<uint64_t>(MaxBytes(), 64ULL << 20);
+  const int kPeers = 3;
+  std::vector<std::unique_ptr<PeerProcess>> peers;
+  std::vector<std::unique_ptr<Buffer>> buffers;
+  std::vector<fabric::Transfer> transfers;
+  std::vector<std::shared_ptr<MemoryRegion>> regions;
+  for (int i = 0; i < kPeers; ++i) peers.push_back(StartPeer(kSize, 100 + i));
+  for (int i = 0; i < kPeers; ++i) {
+    ASSERT_TRUE(peers[i]->ready());
+    auto id = e.AddPeer(peers[i]->address());
+    ASSERT_TRUE(id.ok());
+    buffers.push_back(std::make_unique<Buffer>(kSize));
+    auto mr = e.Register(buffers[i]->data(), kSize);
+    ASSERT_TRUE(mr.ok());
+    regions.push_back(*mr);
+    auto t = e.Start(RmaOp::kRead, *id, peers[i]->region(), *mr, {{buffers[i]->data(), kSize, 0}});
+    ASSERT_TRUE(t.ok()) << t.status();
+    transfers.push_back(*t);
+  }
+  for (int i = 0; i < kPeers; ++i) {
+    ASSERT_TRUE(transfers[i].Wait().ok()) << "peer " << i;
+    EXPECT_EQ(FirstMismatch(buffers[i]->data(), kSize, 100 + i), -1) << "peer " << i;
+  }
+}
+
+TEST_F(FabricProcessTest, OutOfRangeIsRefusedBeforePosting) {
+  Engine& e = SharedEngine();
+  auto peer = StartPeer(1 << 20, 3);
+  ASSERT_TRUE(peer->ready());
+  auto id = e.AddPeer(peer->address());
+  ASSERT_TRUE(id.ok());
+  Buffer local(2 << 20);
+  auto mr = e.Register(local.data(), local.size());
+  ASSERT_TRUE(mr.ok());
+  uint64_t posted = e.stats().ops_posted;
+  Status s = e.Read(*id, peer->region(), (1 << 20) - 10, *mr, local.data(), 11);
+  EXPECT_EQ(s.code(), StatusCode::kOutOfRange) << s;
+  EXPECT_NE(s.message().find("exceeds the remote region"), std::string::npos) << s;
+  s = e.Read(*id, peer->region(), ~0ULL - 4, *mr, local.data(), 16);  // offset overflow
+  EXPECT_EQ(s.code(), StatusCode::kOutOfRange) << s;
+  Buffer unregistered(4096);
+  s = e.Read(*id, peer->region(), 0, *mr, unregistered.data(), 16);
+  EXPECT_EQ(s.code(), StatusCode::kOutOfRange) << s;
+  EXPECT_EQ(e.stats().ops_posted, posted);
+  s = e.Read(987654, peer->region(), 0, *mr, local.data(), 16);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s;
+  EXPECT_EQ(e.AddPeer("not an address").status().code(), StatusCode::kInvalidArgument);
+}
+
+// libfabric 1.17's shm provider reads the peer's memory with process_vm_readv and does not check
+// RMA keys at all: only the OS (same uid / ptrace rights) protects it. Recorded in docs/security.
+bool ProviderChecksKeys(const Engine& e) { return e.profile().provider != "shm"; }
+
+TEST_F(FabricProcessTest, ForgedDescriptorsFailWithoutTouchingOtherMemory) {
+  Engine& e = SharedEngine();
+  if (!ProviderChecksKeys(e)) GTEST_SKIP() << "shm does not check RMA keys (same-host CMA)";
+  auto peer = StartPeer(1 << 20, 5);
+  ASSERT_TRUE(peer->ready());
+  auto id = e.AddPeer(peer->address());
+  ASSERT_TRUE(id.ok());
+  Buffer local(4 << 20);
+  auto mr = e.Register(local.data(), local.size());
+  ASSERT_TRUE(mr.ok());
+  // A descriptor claiming more than was registered: the TARGET provider must refuse.
+  fabric::RemoteRegion longer = peer->region();
+  longer.length = 4 << 20;
+  Status s = e.Read(*id, longer, (1 << 20) - 4096, *mr, local.data(), 64 << 10);
+  EXPECT_FALSE(s.ok()) << "read past the registered region succeeded";
+  std::cerr << "  past-the-end read: " << s << "\n";
+  // A key that was never handed out.
+  fabric::RemoteRegion forged = peer->region();
+  forged.key ^= 0x5a5a5a;
+  s = e.Read(*id, forged, 0, *mr, local.data(), 4096);
+  EXPECT_FALSE(s.ok()) << "read with a forged key succeeded";
+  std::cerr << "  forged-key read: " << s << "\n";
+  // The attacked peer is alive, and the engine keeps serving others. (tcp;ofi_rxm tears the
+  // connection down after a protection error and does not take the same endpoint back.)
+  EXPECT_EQ(peer->Command("PING"), "PONG");
+  auto other = StartPeer(1 << 20, 15);
+  ASSERT_TRUE(other->ready());
+  auto other_id = e.AddPeer(other->address());
+  ASSERT_TRUE(other_id.ok());
+  s = e.Read(*other_id, other->region(), 0, *mr, local.data(), 1 << 20);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(FirstMismatch(local.data(), 1 << 20, 15), -1);
+}
+
+TEST_F(FabricProcessTest, StaleKeyAfterDeregistrationFails) {
+  Engine& e = SharedEngine();
+  if (!ProviderChecksKeys(e)) GTEST_SKIP() << "shm does not check RMA keys (same-host CMA)";
+  auto peer = StartPeer(1 << 20, 6);
+  ASSERT_TRUE(peer->ready());
+  auto id = e.AddPeer(peer->address());
+  ASSERT_TRUE(id.ok());
+  Buffer local(1 << 20);
+  auto mr = e.Register(local.data(), local.size());
+  ASSERT_TRUE(mr.ok());
+  ASSERT_TRUE(e.Read(*id, peer->region(), 0, *mr, local.data(), 4096).ok());
+  ASSERT_EQ(peer->Command("DEREG"), "OK");
+  Status s = e.Read(*id, peer->region(), 0, *mr, local.data(), 4096);
+  EXPECT_FALSE(s.ok()) << "read with a revoked key succeeded";
+  std::cerr << "  stale-key read: " << s << "\n";
+  EXPECT_EQ(peer->Command("PING"), "PONG");
+}
+
+TEST_F(FabricProcessTest, PeerKilledMidTransferFailsWithinBound) {
+  // Its own engine: a short op timeout, small chunks and one op in flight so the transfer is
+  // still running when the peer dies.
+  Config c = TestConfig();
+  ASSERT_TRUE(c.Set("op_timeout_ms", "4000").ok());
+  ASSERT_TRUE(c.Set("chunk_size", "64K").ok());
+  ASSERT_TRUE(c.Set("max_inflight", "1").ok());
+  auto opened = Engine::Open(c);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Engine& e = **opened;
+  const uint64_t kSize = std::min<uint64_t>(MaxBytes(), 256ULL << 20);
+  auto victim = StartPeer(kSize, 11);
+  auto survivor = StartPeer(1 << 20, 12);
+  ASSERT_TRUE(victim->ready() && survivor->ready());
+  auto victim_id = e.AddPeer(victim->address());
+  auto survivor_id = e.AddPeer(survivor->address());
+  ASSERT_TRUE(victim_id.ok() && survivor_id.ok());
+  Buffer local(kSize);
+  auto mr = e.Register(local.data(), kSize);
+  ASSERT_TRUE(mr.ok());
+  auto t = e.Start(RmaOp::kRead, *victim_id, victim->region(), *mr, {{local.data(), kSize, 0}});
+  ASSERT_TRUE(t.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  bool finished_before_kill = t->Done();
+  victim->Kill();
+  auto start = std::chrono::steady_clock::now();
+  Status s = t->Wait(std::chrono::milliseconds(20000));
+  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cerr << "  in-flight read when the peer died: " << s << " after " << waited << " s\n";
+  EXPECT_LT(waited, 4.0 + 2.0);
+  if (!finished_before_kill) {
+    EXPECT_FALSE(s.ok());
+  }
+  // A new read from the dead peer fails within the bound too.
+  start = std::chrono::steady_clock::now();
+  s = e.Read(*victim_id, victim->region(), 0, *mr, local.data(), 1 << 20);
+  waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cerr << "  read from the dead peer: " << s << " after " << waited << " s\n";
+  EXPECT_FALSE(s.ok());
+  EXPECT_LT(waited, 4.0 + 2.0);
+  // The engine keeps serving the others.
+  s = e.Read(*survivor_id, survivor->region(), 0, *mr, local.data(), 1 << 20);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(FirstMismatch(local.data(), 1 << 20, 12), -1);
+}
+
+TEST_F(FabricProcessTest, RegistrationCacheServesCoveredRanges) {
+  Engine& e = SharedEngine();
+  Buffer b(4 << 20);
+  auto whole = e.Register(b.data(), b.size());
+  ASSERT_TRUE(whole.ok());
+  auto inner = e.Register(b.data() + 4096, 1 << 20);
+  ASSERT_TRUE(inner.ok());
+  EXPECT_EQ(whole->get(), inner->get());
+  auto outside = e.Register(b.data() + (3 << 20), 2 << 20 > b.size() - (3 << 20) ? b.size() - (3 << 20) : 2 << 20);
+  ASSERT_TRUE(outside.ok());
+  EXPECT_EQ(whole->get(), outside->get());
+  EXPECT_EQ(e.Register(nullptr, 10).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(FabricProcessTest, RegisterDeregisterLoopLeavesMemoryAndFidsFlat) {
+  Engine& e = SharedEngine();
+  std::vector<std::unique_ptr<Buffer>> buffers;
+  for (int i = 0; i < 16; ++i) buffers.push_back(std::make_unique<Buffer>(64 << 10));
+  auto cycle = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      Buffer& b = *buffers[i % buffers.size()];
+      auto mr = e.Register(b.data() + (i % 7) * 64, 32 << 10);
+      ASSERT_TRUE(mr.ok()) << mr.status();
+    }
+  };
+  cycle(200);  // warm up allocator and provider caches
+  const uint64_t regions = e.stats().regions_registered;
+  const size_t fds = CountOpenFds();
+  const size_t rss = RssKiB();
+  cycle(10000);
+  EXPECT_EQ(e.stats().regions_registered, regions);
+  EXPECT_EQ(CountOpenFds(), fds);
+  EXPECT_LT(RssKiB(), rss + 8 * 1024) << "RSS grew from " << rss << " KiB";
+  std::cerr << "  10000 registrations: fds " << fds << " -> " << CountOpenFds() << ", RSS " << rss
+            << " -> " << RssKiB() << " KiB\n";
+}
+
+}  // namespace
+}  // namespace rayfabric
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--peer") return rayfabric::testing::PeerMain(argc, argv);
+  rayfabric::g_self = "/proc/self/exe";
+  char path[4096];
+  ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n > 0) rayfabric::g_self.assign(path, n);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

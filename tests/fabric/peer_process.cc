@@ -1,0 +1,185 @@
+#include "peer_process.h"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <vector>
+
+extern char** environ;
+
+namespace rayfabric::testing {
+std::string ToHex(const std::string& bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out += digits[c >> 4];
+    out += digits[c & 15];
+  }
+  return out;
+}
+
+std::string FromHex(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
+  }
+  return out;
+}
+
+Buffer::Buffer(size_t length) : length_(length) {
+  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED) {
+    std::perror("mmap");
+    std::abort();
+  }
+  data_ = static_cast<char*>(p);
+}
+
+Buffer::~Buffer() { munmap(data_, length_); }
+
+PeerProcess::PeerProcess(const std::string& self, uint64_t size, uint64_t seed,
+                         const std::string& extra_env) {
+  int to_child[2], from_child[2];
+  if (pipe(to_child) != 0 || pipe(from_child) != 0) {
+    error_ = "pipe failed";
+    return;
+  }
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, to_child[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, from_child[1], 1);
+  posix_spawn_file_actions_addclose(&fa, to_child[1]);
+  posix_spawn_file_actions_addclose(&fa, from_child[0]);
+  std::vector<std::string> args = {self, "--peer", "--size", std::to_string(size), "--seed",
+                                   std::to_string(seed)};
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  std::istringstream extra(extra_env);
+  for (std::string kv; extra >> kv;) env.push_back(kv);
+  std::vector<char*> argv, envp;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  int rc = posix_spawn(&pid_, self.c_str(), &fa, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  close(to_child[0]);
+  close(from_child[1]);
+  if (rc != 0) {
+    error_ = std::string("posix_spawn: ") + std::strerror(rc);
+    pid_ = -1;
+    return;
+  }
+  to_ = fdopen(to_child[1], "w");
+  from_ = fdopen(from_child[0], "r");
+  std::string line = Command("");
+  std::istringstream in(line);
+  std::string word, addr_hex, region_hex;
+  in >> word >> addr_hex >> region_hex;
+  if (word != "READY") {
+    error_ = "peer did not start: '" + line + "'";
+    return;
+  }
+  address_ = FromHex(addr_hex);
+  auto region = fabric::RemoteRegion::Parse(FromHex(region_hex));
+  if (!region.ok()) {
+    error_ = region.status().ToString();
+    return;
+  }
+  region_ = *region;
+  ready_ = true;
+}
+
+PeerProcess::~PeerProcess() {
+  if (pid_ > 0) {
+    if (to_) {
+      std::fputs("QUIT\n", to_);
+      std::fflush(to_);
+    }
+    int status = 0;
+    // Give it a moment to close its endpoint cleanly, then make sure it is gone.
+    for (int i = 0; i < 200 && waitpid(pid_, &status, WNOHANG) == 0; ++i) usleep(10000);
+    Kill();
+  }
+  if (to_) std::fclose(to_);
+  if (from_) std::fclose(from_);
+}
+
+void PeerProcess::Kill() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+}
+
+std::string PeerProcess::Command(const std::string& line) {
+  if (!to_ || !from_) return "";
+  if (!line.empty()) {
+    std::fputs((line + "\n").c_str(), to_);
+    std::fflush(to_);
+  }
+  char buf[4096];
+  if (!std::fgets(buf, sizeof(buf), from_)) return "";
+  std::string reply(buf);
+  while (!reply.empty() && (reply.back() == '\n' || reply.back() == '\r')) reply.pop_back();
+  return reply;
+}
+
+int PeerMain(int argc, char** argv) {
+  uint64_t size = 1 << 20, seed = 1;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--size") size = std::stoull(argv[i + 1]);
+    if (std::string(argv[i]) == "--seed") seed = std::stoull(argv[i + 1]);
+  }
+  Config config = Config::FromEnvironment();
+  auto engine = fabric::Engine::Open(config);
+  if (!engine.ok()) {
+    std::cout << "ERROR " << engine.status().ToString() << std::endl;
+    return 1;
+  }
+  auto buffer = std::make_unique<Buffer>(size);
+  FillPattern(buffer->data(), size, seed);
+  auto region = (*engine)->Register(buffer->data(), size);
+  if (!region.ok()) {
+    std::cout << "ERROR " << region.status().ToString() << std::endl;
+    return 1;
+  }
+  std::shared_ptr<fabric::MemoryRegion> mr = std::move(*region);
+  std::cout << "READY " << ToHex((*engine)->Address()) << " " << ToHex(mr->Describe().Serialize())
+            << std::endl;
+  for (std::string line; std::getline(std::cin, line);) {
+    std::istringstream in(line);
+    std::string cmd;
+    in >> cmd;
+    if (cmd == "QUIT") break;
+    if (cmd == "PING") {
+      std::cout << "PONG" << std::endl;
+    } else if (cmd == "DEREG") {
+      mr.reset();
+      std::cout << "OK" << std::endl;
+    } else if (cmd == "CHECK") {
+      uint64_t off = 0, len = 0, s = 0;
+      in >> off >> len >> s;
+      int64_t bad = off + len <= size ? FirstMismatch(buffer->data() + off, len, s) : 0;
+      std::cout << (bad < 0 ? std::string("OK") : "BAD " + std::to_string(bad)) << std::endl;
+    } else if (cmd == "FILL") {
+      uint64_t s = 0;
+      in >> s;
+      FillPattern(buffer->data(), size, s);
+      std::cout << "OK" << std::endl;
+    } else {
+      std::cout << "UNKNOWN " << cmd << std::endl;
+    }
+  }
+  return 0;
+}
+
+}  // namespace rayfabric::testing

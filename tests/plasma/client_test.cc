@@ -1,0 +1,279 @@
+// PlasmaClient against a scripted in-process store: what must never reach a real raylet, and
+// the fd bookkeeping that must mirror the store's exactly. Real Ray: test_plasma_real_ray.py.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "flatbuffers/flatbuffers.h"
+#include "plasma/protocol.h"
+#include "plasma_wire_generated.h"
+#include "rayfabric/plasma_client.h"
+
+namespace rayfabric::plasma {
+namespace {
+
+bool ReadAll(int fd, void* p, size_t n) {
+  auto* b = static_cast<uint8_t*>(p);
+  while (n > 0) {
+    ssize_t r = ::read(fd, b, n);
+    if (r <= 0) return false;
+    b += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+// A one-connection store that hands each request to a scripted handler.
+class FakeStore {
+ public:
+  using Handler = std::function<void(FakeStore&, int64_t type, const std::vector<uint8_t>&)>;
+
+  explicit FakeStore(Handler handler) : handler_(std::move(handler)) {
+    static std::atomic<int> counter{0};
+    path_ = "/tmp/rf_fake_plasma_" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
+    ::unlink(path_.c_str());
+    listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path_.c_str(), sizeof(addr.sun_path) - 1);
+    EXPECT_EQ(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(::listen(listen_fd_, 1), 0);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~FakeStore() {
+    ::shutdown(listen_fd_, SHUT_RDWR);
+    ::close(listen_fd_);
+    thread_.join();
+    if (conn_ >= 0) ::close(conn_);
+    ::unlink(path_.c_str());
+  }
+
+  const std::string& path() const { return path_; }
+  std::vector<int64_t> received() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return received_;
+  }
+
+  void Reply(MessageType type, flatbuffers::FlatBufferBuilder& fbb) {
+    MessageHeader h{kDefaultRayCookie, static_cast<int64_t>(type), fbb.GetSize()};
+    auto header = EncodeHeader(h);
+    std::vector<uint8_t> message(header.begin(), header.end());
+    message.insert(message.end(), fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+    // One send (the client may hang up right after a bad header); MSG_NOSIGNAL: no SIGPIPE.
+    EXPECT_EQ(::send(conn_, message.data(), message.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(message.size()));
+  }
+  void ReplyConnect(int64_t capacity) {
+    flatbuffers::FlatBufferBuilder fbb;
+    fbb.Finish(wire::CreateConnectReply(fbb, capacity));
+    Reply(MessageType::kConnectReply, fbb);
+  }
+  void SendFd(int fd) {
+    char byte = 0;
+    iovec iov{&byte, 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    EXPECT_EQ(::sendmsg(conn_, &msg, MSG_NOSIGNAL), 1);
+  }
+
+ private:
+  void Serve() {
+    conn_ = ::accept(listen_fd_, nullptr, nullptr);
+    if (conn_ < 0) return;
+    while (true) {
+      uint8_t raw[kHeaderSize];
+      if (!ReadAll(conn_, raw, sizeof(raw))) return;
+      MessageHeader h = DecodeHeader(raw);
+      std::vector<uint8_t> payload(h.length);
+      if (!ReadAll(conn_, payload.data(), payload.size())) return;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        received_.push_back(h.type);
+      }
+      handler_(*this, h.type, payload);
+    }
+  }
+
+  Handler handler_;
+  std::string path_;
+  int listen_fd_ = -1;
+  int conn_ = -1;
+  std::thread thread_;
+  std::mutex mu_;
+  std::vector<int64_t> received_;
+};
+
+ObjectId TestId(uint8_t seed) { return *ObjectId::FromBinary(std::string(28, char(seed))); }
+
+OwnerAddress TestOwner() {
+  return OwnerAddress{std::string(28, 'n'), "127.0.0.1", 1234, std::string(28, 'w')};
+}
+
+TEST(PlasmaClientTest, MissingSocketIsUnavailable) {
+  auto c = PlasmaClient::Connect("/tmp/rf_no_such_plasma_store");
+  ASSERT_EQ(c.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(c.status().message().find("cannot connect to the plasma store"), std::string::npos);
+}
+
+TEST(PlasmaClientTest, UnsupportedRayVersionIsRefusedBeforeConnecting) {
+  ConnectOptions o;
+  o.ray_version = "2.9.3";
+  auto c = PlasmaClient::Connect("/tmp/rf_no_such_plasma_store", o);
+  ASSERT_EQ(c.status().code(), StatusCode::kVersionMismatch);
+  EXPECT_NE(c.status().message().find("Ray 2.60.0"), std::string::npos) << c.status();
+  EXPECT_TRUE(IsSupportedRayVersion("2.60.0"));
+}
+
+TEST(PlasmaClientTest, UnexpectedReplyToConnectIsVersionMismatch) {
+  FakeStore store([](FakeStore& s, int64_t, const std::vector<uint8_t>&) {
+    flatbuffers::FlatBufferBuilder fbb;
+    fbb.Finish(wire::CreateConnectReply(fbb, 1 << 20));
+    s.Reply(MessageType::kGetDebugStringReply, fbb);  // what a store with other numbers does
+  });
+  auto c = PlasmaClient::Connect(store.path());
+  ASSERT_EQ(c.status().code(), StatusCode::kVersionMismatch);
+  EXPECT_NE(c.status().message().find("Ray 2.60.0"), std::string::npos) << c.status();
+}
+
+TEST(PlasmaClientTest, MisuseNeverReachesTheStore) {
+  FakeStore store([](FakeStore& s, int64_t type, const std::vector<uint8_t>&) {
+    if (type == static_cast<int64_t>(MessageType::kConnectRequest)) s.ReplyConnect(1 << 20);
+  });
+  auto c = PlasmaClient::Connect(store.path());
+  ASSERT_TRUE(c.ok()) << c.status();
+  PlasmaClient& client = **c;
+  EXPECT_EQ(client.memory_capacity(), 1 << 20);
+  ObjectId id = TestId(1);
+  auto refused = [](const Status& s) { return s.code() == StatusCode::kInvalidArgument; };
+  EXPECT_TRUE(refused(client.Seal(id)));     // never created: the store would CHECK-fail
+  EXPECT_TRUE(refused(client.Abort(id)));    // not the creator
+  EXPECT_TRUE(refused(client.Release(id)));  // not held
+  EXPECT_TRUE(refused(client.Seal(ObjectId())));
+  EXPECT_TRUE(refused(client.Get({id}, -1).status()));  // unbounded wait
+  EXPECT_TRUE(refused(client.Get({}, 0).status()));
+  EXPECT_TRUE(refused(client.Get({id, id}, 0).status()));
+  CreateOptions o;
+  o.data_size = 100;
+  EXPECT_TRUE(refused(client.Create(id, o).status()));  // no owner
+  o.owner = TestOwner();
+  o.owner.worker_id = "short";
+  EXPECT_TRUE(refused(client.Create(id, o).status()));
+  o.owner = TestOwner();
+  o.owner.port = 0;
+  EXPECT_TRUE(refused(client.Create(id, o).status()));
+  o.owner = TestOwner();
+  o.data_size = 0;
+  EXPECT_TRUE(refused(client.Create(id, o).status()));  // empty object
+  o.data_size = UINT64_MAX;
+  o.metadata_size = 2;
+  EXPECT_TRUE(refused(client.Create(id, o).status()));  // overflow
+  o.data_size = 1ull << 45;
+  o.metadata_size = 0;
+  o.allow_disk_fallback = true;
+  EXPECT_TRUE(refused(client.Create(id, o).status()));  // a fallback file that kills the store
+  o.allow_disk_fallback = false;
+  o.data_size = 2 << 20;
+  EXPECT_EQ(client.Create(id, o).status().code(), StatusCode::kResourceExhausted);  // > capacity
+  EXPECT_TRUE(client.healthy());
+  EXPECT_EQ(store.received(), std::vector<int64_t>{16});  // only the ConnectRequest
+}
+
+// The store sends a segment's fd once per connection; the client must take it exactly then.
+TEST(PlasmaClientTest, SegmentFdIsReceivedAndMappedOnce) {
+  constexpr int64_t kArena = 1 << 20;
+  int memfd = ::memfd_create("rf_fake_arena", 0);
+  ASSERT_GE(memfd, 0);
+  ASSERT_EQ(::ftruncate(memfd, kArena), 0);
+  uint64_t next_offset = 4096;
+  std::set<int> fds_sent;
+  FakeStore store([&](FakeStore& s, int64_t type, const std::vector<uint8_t>& payload) {
+    switch (static_cast<MessageType>(type)) {
+      case MessageType::kConnectRequest:
+        s.ReplyConnect(kArena);
+        break;
+      case MessageType::kCreateRequest: {
+        auto* req = flatbuffers::GetRoot<wire::CreateRequest>(payload.data());
+        flatbuffers::FlatBufferBuilder fbb;
+        wire::ObjectSpec spec(42, 7, next_offset - 64, next_offset, req->data_size(),
+                              next_offset + req->data_size(), req->metadata_size(),
+                              req->data_size() + req->metadata_size(), false, 0, false);
+        next_offset += 8192;
+        auto id = fbb.CreateString(req->object_id()->str());
+        wire::CreateReplyBuilder b(fbb);
+        b.add_object_id(id);
+        b.add_plasma_object(&spec);
+        b.add_store_fd(42);
+        b.add_unique_fd_id(7);
+        b.add_mmap_size(kArena + 8);
+        fbb.Finish(b.Finish());
+        s.Reply(MessageType::kCreateReply, fbb);
+        if (fds_sent.insert(42).second) s.SendFd(memfd);
+        break;
+      }
+      case MessageType::kSealRequest: {
+        auto* req = flatbuffers::GetRoot<wire::SealRequest>(payload.data());
+        flatbuffers::FlatBufferBuilder fbb;
+        fbb.Finish(wire::CreateSealReply(fbb, fbb.CreateString(req->object_id()->str()), 0));
+        s.Reply(MessageType::kSealReply, fbb);
+        break;
+      }
+      default:
+        break;  // ReleaseRequest(may_unmap=false) has no reply
+    }
+  });
+  auto c = PlasmaClient::Connect(store.path());
+  ASSERT_TRUE(c.ok()) << c.status();
+  int mapped = 0;
+  (*c)->SetSegmentCallbacks(
+      [&](const SegmentInfo& seg) {
+        ++mapped;
+        EXPECT_EQ(seg.size, static_cast<size_t>(kArena));
+      },
+      nullptr);
+  for (uint8_t i = 1; i <= 3; ++i) {
+    CreateOptions o;
+    o.owner = TestOwner();
+    o.data_size = 100;
+    o.metadata_size = 4;
+    auto b = (*c)->Create(TestId(i), o);
+    ASSERT_TRUE(b.ok()) << b.status();
+    std::memset(b->data, i, 104);
+    EXPECT_EQ((*c)->Release(TestId(i)).code(), StatusCode::kInvalidArgument);  // unsealed
+    ASSERT_TRUE((*c)->Seal(TestId(i)).ok());
+    EXPECT_EQ((*c)->Seal(TestId(i)).code(), StatusCode::kInvalidArgument);  // sealed already
+    EXPECT_EQ((*c)->Abort(TestId(i)).code(), StatusCode::kInvalidArgument);
+    ASSERT_TRUE((*c)->Release(TestId(i)).ok());
+  }
+  EXPECT_EQ(mapped, 1);
+  ASSERT_EQ((*c)->Segments().size(), 1u);
+  // The bytes written through our mapping are in the store's memory.
+  auto* arena = static_cast<uint8_t*>(::mmap(nullptr, kArena, PROT_READ, MAP_SHARED, memfd, 0));
+  ASSERT_NE(arena, MAP_FAILED);
+  EXPECT_EQ(arena[4096], 1);
+  EXPECT_EQ(arena[4096 + 8192 + 103], 2);
+  EXPECT_EQ(arena[4096 + 2 * 8192], 3);
+  ::munmap(arena, kArena);
+  ::close(memfd);
+  EXPECT_TRUE((*c)->healthy());
+}
+
+}  // namespace
+}  // namespace rayfabric::plasma

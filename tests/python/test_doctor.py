@@ -1,0 +1,566 @@
+"""Tests for python/rayfabric/doctor.py.
+
+Every finding the doctor can print is produced here from real-looking inputs: a temp dir
+laid out like /sys/class/infiniband (values as seen on Soft-RoCE rxe, mlx5 and EFA),
+fi_info output as libfabric 1.17 prints it, /proc/meminfo text. The last tests run the
+real doctor on this host (and the real fi_info) end to end.
+
+Run: python3 -m pytest tests/python  (pytest only; the doctor itself needs nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+
+from rayfabric import doctor  # noqa: E402
+from rayfabric.doctor import ERROR, INFO, WARNING, FiRun  # noqa: E402
+
+DOCTOR = ROOT / "python" / "rayfabric" / "doctor.py"
+GiB, MiB = 1 << 30, 1 << 20
+INF = resource.RLIM_INFINITY
+
+# --------------------------------------------------------------------- real-looking inputs
+
+RXE_PORT = {"state": "4: ACTIVE", "phys_state": "5: LinkUp", "link_layer": "Ethernet",
+            "rate": "10 Gb/sec (1X FDR10)"}
+MLX_IB_INIT = {"state": "2: INIT", "phys_state": "5: LinkUp", "link_layer": "InfiniBand",
+               "rate": "200 Gb/sec (4X HDR)"}
+MLX_ROCE_DOWN = {"state": "1: DOWN", "phys_state": "3: Disabled", "link_layer": "Ethernet",
+                 "rate": "100 Gb/sec (4X EDR)"}
+IB_DOWN = {"state": "1: DOWN", "phys_state": "2: Polling", "link_layer": "InfiniBand",
+           "rate": "10 Gb/sec (4X SDR)"}
+EFA_PORT = {"state": "4: ACTIVE", "phys_state": "5: LinkUp", "link_layer": "Unspecified",
+            "rate": "100 Gb/sec (4X EDR)"}
+
+FI_LIST_GUEST = """verbs:
+    version: 117.0
+ofi_rxm:
+    version: 117.0
+ofi_rxd:
+    version: 117.0
+shm:
+    version: 117.0
+tcp:
+    version: 117.0
+"""
+FI_LIST_NO_RDMA = """ofi_rxm:
+    version: 117.0
+shm:
+    version: 117.0
+tcp:
+    version: 117.0
+sockets:
+    version: 117.0
+"""
+FI_RDM_GUEST = """provider: verbs;ofi_rxm
+    fabric: IB-0xfe80000000000000
+    domain: rxe0
+    version: 117.0
+    type: FI_EP_RDM
+    protocol: FI_PROTO_RXM
+provider: verbs;ofi_rxm
+    fabric: IB-0xfe80000000000000
+    domain: rxe1
+    version: 117.0
+    type: FI_EP_RDM
+    protocol: FI_PROTO_RXM
+provider: tcp;ofi_rxm
+    fabric: 10.77.0.0/24
+    domain: veth0
+    version: 117.0
+    type: FI_EP_RDM
+    protocol: FI_PROTO_RXM
+"""
+FI_RDM_TCP_ONLY = """provider: tcp;ofi_rxm
+    fabric: 192.0.2.0/24
+    domain: eth0
+    version: 117.0
+    type: FI_EP_RDM
+    protocol: FI_PROTO_RXM
+"""
+FI_EFA = """provider: efa
+    fabric: efa
+    domain: rdmap16s27-rdm
+    version: 117.0
+    type: FI_EP_RDM
+    protocol: FI_PROTO_EFA
+"""
+NODATA = "fi_getinfo: -61"
+
+MEMINFO = """MemTotal:       131899588 kB
+MemFree:        120000000 kB
+AnonHugePages:         0 kB
+HugePages_Total:     512
+HugePages_Free:      256
+HugePages_Rsvd:        0
+HugePages_Surp:        0
+Hugepagesize:       2048 kB
+Hugetlb:         1048576 kB
+"""
+MEMINFO_NONE = MEMINFO.replace("HugePages_Total:     512", "HugePages_Total:       0").replace(
+    "HugePages_Free:      256", "HugePages_Free:        0")
+
+STATUS_ROOT = "Name:\tpython3\nCapInh:\t0000000000000000\nCapPrm:\t000001ffffffffff\nCapEff:\t000001ffffffffff\n"
+STATUS_USER = "Name:\tpython3\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n"
+
+
+def ok(out: str, argv=("fi_info",)) -> FiRun:
+    return FiRun(list(argv), rc=0, out=out)
+
+
+def make_sysfs(tmp: Path, devices: dict) -> Path:
+    """devices: {name: {"ports": {1: {...}}, "driver": "efa"|None, "parent": "veth0"|None, "ndev": "eth0"}}"""
+    root = tmp / "infiniband"
+    root.mkdir()
+    for name, spec in devices.items():
+        d = root / name
+        d.mkdir()
+        (d / "node_type").write_text("1: CA\n")
+        if spec.get("parent"):
+            (d / "parent").write_text(spec["parent"] + "\n")
+        if spec.get("driver"):
+            target = tmp / "bus" / "drivers" / spec["driver"]
+            target.mkdir(parents=True, exist_ok=True)
+            (d / "device").mkdir()
+            (d / "device" / "driver").symlink_to(target)
+        if "ports" in spec:
+            (d / "ports").mkdir()
+        for num, port in spec.get("ports", {}).items():
+            p = d / "ports" / str(num)
+            p.mkdir()
+            for k, v in port.items():
+                (p / k).write_text(v + "\n")
+            if spec.get("ndev"):
+                (p / "gid_attrs" / "ndevs").mkdir(parents=True)
+                for i in range(2):
+                    (p / "gid_attrs" / "ndevs" / str(i)).write_text(spec["ndev"] + "\n")
+    return root
+
+
+def codes(findings, severity=None):
+    return [f.code for f in findings if severity is None or f.severity == severity]
+
+
+# --------------------------------------------------------------------- sysfs reading
+
+def test_read_ib_devices_rxe_layout(tmp_path):
+    root = make_sysfs(tmp_path, {"rxe0": {"ports": {1: RXE_PORT}, "parent": "veth0", "ndev": "veth0"},
+                                 "rxe1": {"ports": {1: RXE_PORT}, "parent": "veth1", "ndev": "veth1"}})
+    devs = doctor.read_ib_devices(root)
+    assert [d.name for d in devs] == ["rxe0", "rxe1"]
+    assert devs[0].parent == "veth0" and devs[0].is_soft and not devs[0].is_efa
+    p = devs[0].ports[0]
+    assert (p.num, p.state, p.link_layer, p.rate, p.netdevs) == (1, "4: ACTIVE", "Ethernet", "10 Gb/sec (1X FDR10)", ["veth0"])
+    assert p.active
+    assert doctor.check_rdma_devices(devs) == []
+
+
+def test_read_ib_devices_efa_driver_symlink(tmp_path):
+    root = make_sysfs(tmp_path, {"rdmap16s27": {"ports": {1: EFA_PORT}, "driver": "efa"}})
+    (dev,) = doctor.read_ib_devices(root)
+    assert dev.driver == "efa" and dev.is_efa
+
+
+# --------------------------------------------------------------------- device findings
+
+def test_no_rdma_core(tmp_path):
+    devs = doctor.read_ib_devices(tmp_path / "does-not-exist")
+    assert devs is None
+    (f,) = doctor.check_rdma_devices(devs, str(tmp_path / "does-not-exist"))
+    assert (f.severity, f.code) == (ERROR, "no-rdma-core")
+    assert "no RDMA devices" in f.message and "rdma_rxe" in f.fix and "mlx5_ib" in f.fix
+
+
+def test_no_rdma_devices_empty_dir(tmp_path):
+    root = make_sysfs(tmp_path, {})
+    (f,) = doctor.check_rdma_devices(doctor.read_ib_devices(root), str(root))
+    assert (f.severity, f.code) == (ERROR, "no-rdma-devices")
+    assert "load rdma_rxe" in f.fix and "install the NIC driver" in f.fix
+
+
+def test_ib_port_init_means_no_subnet_manager(tmp_path):
+    root = make_sysfs(tmp_path, {"mlx5_0": {"ports": {1: MLX_IB_INIT}, "driver": "mlx5_core"}})
+    (f,) = doctor.check_rdma_devices(doctor.read_ib_devices(root))
+    assert (f.severity, f.code) == (ERROR, "port-not-active")
+    assert "mlx5_0 port 1" in f.message and "2: INIT" in f.message and "opensm" in f.fix
+
+
+def test_roce_port_down_names_the_netdev(tmp_path):
+    root = make_sysfs(tmp_path, {"mlx5_1": {"ports": {1: MLX_ROCE_DOWN}, "driver": "mlx5_core", "ndev": "ens1f1"}})
+    (f,) = doctor.check_rdma_devices(doctor.read_ib_devices(root))
+    assert (f.severity, f.code) == (ERROR, "port-not-active")
+    assert "ip link set ens1f1 up" in f.fix
+
+
+def test_ib_port_down_cable(tmp_path):
+    root = make_sysfs(tmp_path, {"mlx4_0": {"ports": {1: IB_DOWN}}})
+    (f,) = doctor.check_rdma_devices(doctor.read_ib_devices(root))
+    assert f.code == "port-not-active" and "cable" in f.fix
+
+
+def test_one_port_down_beside_an_active_one_is_a_warning(tmp_path):
+    root = make_sysfs(tmp_path, {"mlx5_0": {"ports": {1: RXE_PORT, 2: MLX_ROCE_DOWN}, "ndev": "ens1f0"}})
+    (f,) = doctor.check_rdma_devices(doctor.read_ib_devices(root))
+    assert (f.severity, f.code) == (WARNING, "port-not-active") and "port 2" in f.message
+
+
+def test_device_without_ports_and_no_active_port(tmp_path):
+    root = make_sysfs(tmp_path, {"rxe0": {"ports": {}}})
+    fs = doctor.check_rdma_devices(doctor.read_ib_devices(root))
+    assert codes(fs) == ["device-no-ports", "no-active-port"]
+    assert codes(fs, ERROR) == ["no-active-port"]
+
+
+def test_no_uverbs_device_nodes(tmp_path):
+    root = make_sysfs(tmp_path, {"rxe0": {"ports": {1: RXE_PORT}}})
+    devs = doctor.read_ib_devices(root)
+    dev_dir = tmp_path / "dev-infiniband"
+    (f,) = doctor.check_uverbs(devs, dev_dir)                       # directory missing
+    assert (f.severity, f.code) == (ERROR, "no-uverbs") and "modprobe ib_uverbs" in f.fix
+    dev_dir.mkdir()
+    (dev_dir / "rdma_cm").write_text("")
+    assert codes(doctor.check_uverbs(devs, dev_dir)) == ["no-uverbs"]  # only rdma_cm
+    (dev_dir / "uverbs0").write_text("")
+    assert doctor.check_uverbs(devs, dev_dir) == []
+    assert doctor.check_uverbs(None, dev_dir) == []
+
+
+def test_rxe_universe_size(tmp_path):
+    devs = doctor.read_ib_devices(make_sysfs(tmp_path, {"rxe0": {"ports": {1: RXE_PORT}}}))
+    (f,) = doctor.check_rxe_universe(devs, {})
+    assert (f.severity, f.code) == (WARNING, "rxe-universe-size")
+    assert "unset (256)" in f.message and f.fix == "export FI_UNIVERSE_SIZE=64"
+    assert codes(doctor.check_rxe_universe(devs, {"FI_UNIVERSE_SIZE": "128"})) == ["rxe-universe-size"]
+    assert doctor.check_rxe_universe(devs, {"FI_UNIVERSE_SIZE": "64"}) == []
+
+
+def test_rxe_universe_size_ignores_hardware(tmp_path):
+    devs = doctor.read_ib_devices(make_sysfs(tmp_path, {"mlx5_0": {"ports": {1: RXE_PORT}, "driver": "mlx5_core"}}))
+    assert doctor.check_rxe_universe(devs, {}) == []
+    assert doctor.check_rxe_chunk(devs, {}) == []
+
+
+def test_rxe_chunk_size(tmp_path):
+    devs = doctor.read_ib_devices(make_sysfs(tmp_path, {"rxe0": {"ports": {1: RXE_PORT}}}))
+    (f,) = doctor.check_rxe_chunk(devs, {})
+    assert (f.severity, f.code) == (WARNING, "rxe-chunk-size")
+    assert "unset (4M)" in f.message and f.fix == "export RAYFABRIC_CHUNK_SIZE=256K"
+    assert codes(doctor.check_rxe_chunk(devs, {"RAYFABRIC_CHUNK_SIZE": "1M"})) == ["rxe-chunk-size"]
+    assert doctor.check_rxe_chunk(devs, {"RAYFABRIC_CHUNK_SIZE": "256K"}) == []
+
+
+# --------------------------------------------------------------------- libfabric findings
+
+def test_libfabric_ok_in_guest():
+    assert doctor.check_libfabric(ok(FI_LIST_GUEST), ok(FI_RDM_GUEST)) == []
+    assert doctor.rdm_domains(doctor.parse_fi_info(FI_RDM_GUEST)) == {
+        "verbs;ofi_rxm": ["rxe0", "rxe1"], "tcp;ofi_rxm": ["veth0"]}
+    assert doctor.parse_fi_info_list(FI_LIST_GUEST) == ["verbs", "ofi_rxm", "ofi_rxd", "shm", "tcp"]
+
+
+def test_no_fi_info_binary():
+    run = doctor.run_fi_info(None, ["-l"])          # nothing found on PATH
+    (f,) = doctor.check_libfabric(run, run)
+    assert (f.severity, f.code) == (ERROR, "no-fi-info") and "libfabric-bin" in f.fix
+    run = doctor.run_fi_info("/nonexistent/bin/fi_info", ["-l"])
+    (f,) = doctor.check_libfabric(run, run)
+    assert f.code == "no-fi-info" and "/nonexistent/bin/fi_info" in f.message
+
+
+def test_fi_info_fails():
+    bad = FiRun(["fi_info", "-l"], rc=127, out="fi_info: error while loading shared libraries: libfabric.so.1")
+    (f,) = doctor.check_libfabric(bad, bad)
+    assert (f.severity, f.code) == (ERROR, "fi-info-failed") and "libfabric.so.1" in f.message
+    rdm_bad = FiRun(["fi_info", "-t", "FI_EP_RDM", "-c", "FI_RMA"], error="timed out after 60 s")
+    (f,) = doctor.check_libfabric(ok(FI_LIST_GUEST), rdm_bad)
+    assert f.code == "fi-info-failed" and "timed out" in f.message
+
+
+def test_no_rdma_provider_with_devices():
+    (f,) = doctor.check_libfabric(ok(FI_LIST_NO_RDMA), ok(FI_RDM_TCP_ONLY), have_devices=True)
+    assert (f.severity, f.code) == (ERROR, "no-rdma-provider")
+    assert "tcp" in f.message and "libfabric_prefix=/opt/amazon/efa" in f.fix
+
+
+def test_no_rdma_provider_without_devices_is_only_noted():
+    (f,) = doctor.check_libfabric(ok(FI_LIST_NO_RDMA), ok(FI_RDM_TCP_ONLY), have_devices=False)
+    assert (f.severity, f.code) == (INFO, "no-rdma-provider-listed")
+
+
+def test_rdma_provider_but_no_rdm_endpoint():
+    (f,) = doctor.check_libfabric(ok(FI_LIST_GUEST), ok(FI_RDM_TCP_ONLY))
+    assert (f.severity, f.code) == (ERROR, "no-rdma-rdm-endpoint") and "FI_LOG_LEVEL=warn" in f.fix
+    nodata = FiRun(["fi_info"], rc=61, out=NODATA)
+    assert codes(doctor.check_libfabric(ok(FI_LIST_GUEST), nodata)) == ["no-rdma-rdm-endpoint"]
+
+
+def test_efa_device_without_efa_provider(tmp_path):
+    devs = doctor.read_ib_devices(make_sysfs(tmp_path, {"rdmap16s27": {"ports": {1: EFA_PORT}, "driver": "efa"}}))
+    (f,) = doctor.check_efa(devs, FiRun(["fi_info", "-p", "efa"], rc=61, out=NODATA))
+    assert (f.severity, f.code) == (ERROR, "efa-no-provider")
+    assert "rdmap16s27" in f.message and "/opt/amazon/efa" in f.fix
+    assert doctor.check_efa(devs, ok(FI_EFA, ["fi_info", "-p", "efa"])) == []
+    assert doctor.check_efa(None, FiRun(["fi_info"], rc=61, out=NODATA)) == []
+
+
+# --------------------------------------------------------------------- memlock
+
+def test_cap_ipc_lock_parsing():
+    assert doctor.has_cap_ipc_lock(STATUS_ROOT)
+    assert not doctor.has_cap_ipc_lock(STATUS_USER)
+    assert doctor.has_cap_ipc_lock("CapEff:\t0000000000004000\n")      # only bit 14
+
+
+def test_memlock_below_store_is_an_error_for_a_user():
+    (f,) = doctor.check_memlock(8 * MiB, 8 * MiB, 2 * GiB, cap_ipc_lock=False)
+    assert (f.severity, f.code) == (ERROR, "memlock-below-store")
+    assert f.message.startswith("memlock limit 8 MiB < plasma 2 GiB")
+    assert "hard limit 8 MiB too" in f.message
+    assert "ulimit -l unlimited" in f.fix and "LimitMEMLOCK=infinity" in f.fix
+
+
+def test_memlock_below_store_soft_only():
+    (f,) = doctor.check_memlock(64 * MiB, INF, 2 * GiB, cap_ipc_lock=False)
+    assert f.severity == ERROR and "hard limit" not in f.message
+
+
+def test_memlock_below_store_with_cap_ipc_lock_is_a_warning():
+    (f,) = doctor.check_memlock(8 * MiB, 8 * MiB, 2 * GiB, cap_ipc_lock=True)
+    assert (f.severity, f.code) == (WARNING, "memlock-below-store") and "CAP_IPC_LOCK" in f.message
+
+
+def test_memlock_low_without_store_size():
+    (f,) = doctor.check_memlock(8 * MiB, 8 * MiB, None, cap_ipc_lock=False)
+    assert (f.severity, f.code) == (WARNING, "memlock-low") and "--store-bytes" in f.message
+
+
+def test_memlock_ok():
+    assert doctor.check_memlock(INF, INF, 64 * GiB, cap_ipc_lock=False) == []
+    assert doctor.check_memlock(4 * GiB, 4 * GiB, 2 * GiB, cap_ipc_lock=False) == []
+    assert doctor.check_memlock(2 * GiB, 2 * GiB, None, cap_ipc_lock=False) == []
+
+
+def test_parse_size_and_fmt():
+    assert doctor.parse_size("2G") == doctor.parse_size("2GiB") == 2 * GiB
+    assert doctor.parse_size("512m") == 512 * MiB and doctor.parse_size("4096") == 4096
+    assert doctor.parse_size("1.5T") == 3 * (1 << 39)
+    with pytest.raises(ValueError):
+        doctor.parse_size("lots")
+    assert doctor.fmt_bytes(8 * MiB) == "8 MiB" and doctor.fmt_bytes(INF) == "unlimited"
+
+
+# --------------------------------------------------------------------- hugepages
+
+def test_hugepages_parsing():
+    mi = doctor.parse_meminfo(MEMINFO)
+    assert doctor.hugepage_summary(mi) == {"HugePages_Total": 512, "HugePages_Free": 256, "HugePages_Rsvd": 0,
+                                           "HugePages_Surp": 0, "Hugepagesize": 2 * MiB}
+    assert doctor.check_hugepages(mi, 4 * GiB, want_huge=False) == []   # not asked for: no finding
+
+
+def test_no_hugepages():
+    (f,) = doctor.check_hugepages(doctor.parse_meminfo(MEMINFO_NONE), 2 * GiB, want_huge=True)
+    assert (f.severity, f.code) == (ERROR, "no-hugepages") and "vm.nr_hugepages" in f.fix
+
+
+def test_hugepages_short():
+    (f,) = doctor.check_hugepages(doctor.parse_meminfo(MEMINFO), 2 * GiB, want_huge=True)
+    assert (f.severity, f.code) == (ERROR, "hugepages-short")
+    assert "256 x 2 MiB = 512 MiB" in f.message and "at least 1024" in f.fix
+    assert doctor.check_hugepages(doctor.parse_meminfo(MEMINFO), 256 * MiB, want_huge=True) == []
+
+
+# --------------------------------------------------------------------- Ray / engine hook
+
+# raylet.out lines as Ray 2.x writes them (this host, ray.cluster_utils.Cluster, 512 MiB store)
+RAYLET_OUT = """[2026-12-02 19:27:58,137 I 12820 12820] (raylet) store_runner.cc:50: Allowing the Plasma store to use up to 0.536871GB of memory.
+[2026-12-02 19:27:58,137 I 12820 12820] (raylet) store_runner.cc:66: Starting object store with directory /dev/shm, fallback /tmp/ray/session_2026-12-02_19-27-54_017726_12589, and huge page support disabled
+[2026-12-02 19:27:58,138 I 12820 12830] (raylet) dlmalloc.cc:324: Setting dlmalloc config: plasma_directory=/dev/shm, fallback_directory=/tmp/ray/session_2026-12-02_19-27-54_017726_12589, hugepage_enabled=0, external_store=0
+[2026-12-02 19:27:58,138 I 12820 12830] (raylet) dlmalloc.cc:153: create_and_mmap_buffer(536870920, /dev/shm/plasmaXXXXXX)
+[2026-12-02 19:28:11,850 I 12820 12830] (raylet) dlmalloc.cc:153: create_and_mmap_buffer(537923592, /tmp/ray/session_2026-12-02_19-27-54_017726_12589/plasmaXXXXXX)
+"""
+
+
+def make_ray_session(tmp: Path, logs: dict, raylet_pid: bool) -> tuple[dict, Path]:
+    session = tmp / "ray" / "session_2026-12-02_19-27-54_017726_12589"
+    (session / "logs").mkdir(parents=True)
+    for name, text in logs.items():
+        (session / "logs" / name).write_text(text)
+    (tmp / "ray" / "session_latest").symlink_to(session)
+    proc = tmp / "proc"
+    (proc / "1").mkdir(parents=True)
+    (proc / "1" / "comm").write_text("init\n")
+    if raylet_pid:
+        (proc / "12820").mkdir()
+        (proc / "12820" / "comm").write_text("raylet\n")
+    return {"RAY_TMPDIR": str(tmp)}, proc
+
+
+def test_parse_raylet_log():
+    assert doctor.parse_raylet_log(RAYLET_OUT) == {"bytes": 536870920, "huge": False, "pid": 12820}
+    allow_only = RAYLET_OUT.splitlines()[0].replace("0.536871GB", "2.147484GB")
+    assert doctor.parse_raylet_log(allow_only) == {"bytes": 2147484000, "huge": None, "pid": 12820}
+    huge = RAYLET_OUT.replace("support disabled", "support enabled")
+    assert doctor.parse_raylet_log(huge)["huge"] is True
+    assert doctor.parse_raylet_log("nothing") == {"bytes": None, "huge": None, "pid": None}
+
+
+def test_ray_store_without_session(tmp_path):
+    assert doctor.ray_store_bytes({"RAY_TMPDIR": str(tmp_path)}) == (None, "no Ray session on this node", None)
+
+
+def test_ray_store_from_running_session(tmp_path):
+    bigger = RAYLET_OUT.replace("536870920", "1073741832").replace(" 12820 ", " 12940 ")
+    dead = RAYLET_OUT.replace("536870920", "4294967304").replace(" 12820 ", " 13000 ")
+    env, proc = make_ray_session(tmp_path, {"raylet.out": RAYLET_OUT, "raylet.1.out": bigger, "raylet.2.out": dead,
+                                            "raylet.err": "create_and_mmap_buffer(9999999999, x)"}, True)
+    (proc / "12940").mkdir()
+    (proc / "12940" / "comm").write_text("raylet\n")
+    (proc / "13000").mkdir()
+    (proc / "13000" / "comm").write_text("bash\n")              # pid reused by another program
+    assert doctor.parse_raylet_log(bigger)["pid"] == 12940
+    size, source, huge = doctor.ray_store_bytes(env, proc=str(proc))
+    assert (size, huge) == (1073741832, False)
+    assert "raylet.1.out" in source and "largest of 2 raylets" in source
+
+
+def test_ray_store_stale_session_and_no_size(tmp_path):
+    env, proc = make_ray_session(tmp_path, {"raylet.out": RAYLET_OUT}, raylet_pid=False)
+    size, source, _ = doctor.ray_store_bytes(env, proc=str(proc))
+    assert size is None and "is running (stale session)" in source
+    (proc / "4242").mkdir()
+    (proc / "4242" / "comm").write_text("raylet\n")                # somebody else's raylet
+    assert doctor.ray_store_bytes(env, proc=str(proc))[0] is None
+    (tmp_path / "ray" / "session_latest" / "logs" / "raylet.out").write_text("starting\n")
+    size, source, _ = doctor.ray_store_bytes(env, proc=str(proc))
+    assert size is None and source.startswith("no plasma size in")
+
+
+def test_engine_selection_not_available(tmp_path):
+    r = doctor.engine_selection({"PATH": str(tmp_path), "RAYFABRIC_BIN_DIR": str(tmp_path)})
+    assert r["available"] is False and r["reason"].startswith("not available")
+
+
+def _exe(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_engine_selection_runs_the_binary(tmp_path):
+    # a stand-in for the not-yet-built C++ tool: exercises the hook's contract (--json on stdout)
+    _exe(tmp_path / "rayfabric-fabric-info",
+         'test "$1" = --json || exit 3\necho \'{"provider": "tcp;ofi_rxm", "domain": "lo"}\'\n')
+    r = doctor.engine_selection({"PATH": "/usr/bin:/bin", "RAYFABRIC_BIN_DIR": str(tmp_path)})
+    assert r == {"available": True, "binary": str(tmp_path / "rayfabric-fabric-info"),
+                 "selection": {"provider": "tcp;ofi_rxm", "domain": "lo"}}
+
+
+def test_engine_selection_failing_binary(tmp_path):
+    _exe(tmp_path / "rayfabric-fabric-info", "echo 'fi_getinfo failed' >&2; exit 1\n")
+    r = doctor.engine_selection({"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    assert r["available"] is False and "exited 1" in r["reason"] and "fi_getinfo failed" in r["reason"]
+    _exe(tmp_path / "rayfabric-fabric-info", "echo not json\n")
+    assert "no JSON" in doctor.engine_selection({"PATH": f"{tmp_path}:/usr/bin:/bin"})["reason"]
+
+
+# --------------------------------------------------------------------- real runs on this host
+
+def run_doctor(*args):
+    return subprocess.run([sys.executable, str(DOCTOR), *args], capture_output=True, text=True, timeout=300)
+
+
+def test_real_run_on_this_host_json():
+    p = run_doctor("--json", "--store-bytes", "2G")
+    assert p.returncode in (0, 1), p.stderr
+    r = json.loads(p.stdout)
+    assert p.returncode == (0 if r["rdma_usable"] else 1)
+    sysfs = Path(doctor.SYSFS_IB)
+    if sysfs.is_dir():
+        assert sorted(d["name"] for d in r["rdma_devices"]) == sorted(os.listdir(sysfs))
+    else:
+        assert r["rdma_devices"] is None
+        assert "no-rdma-core" in [f["code"] for f in r["findings"]] and not r["rdma_usable"]
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    assert r["memlock"]["soft"] == (None if soft == INF else soft)
+    assert r["plasma_store"] == {"bytes": 2 * GiB, "human": "2 GiB", "source": "--store-bytes"}
+    if shutil.which("fi_info"):
+        real = subprocess.run(["fi_info", "-l"], capture_output=True, text=True, timeout=120).stdout
+        assert r["libfabric"]["providers"] == doctor.parse_fi_info_list(real)
+        assert r["libfabric"]["version"]
+    else:
+        assert "no-fi-info" in [f["code"] for f in r["findings"]]
+    assert r["engine_selection"]["available"] in (True, False)
+
+
+def test_real_run_on_this_host_text():
+    p = run_doctor()
+    assert p.returncode in (0, 1), p.stderr
+    assert p.stdout.startswith("rayfabric doctor\nlibfabric")
+    last = p.stdout.strip().splitlines()[-1]
+    assert last.startswith("OK: RDMA usable") if p.returncode == 0 else last.startswith("NOT OK: RDMA NOT usable")
+    if not Path(doctor.SYSFS_IB).is_dir():
+        assert "ERROR   no RDMA devices" in p.stdout and "-> load the NIC's RDMA driver" in p.stdout
+
+
+def test_real_run_with_a_laid_out_sysfs_tree(tmp_path):
+    """Real fi_info, a sysfs tree as on a RoCE host whose port is down and uverbs is not loaded."""
+    root = make_sysfs(tmp_path, {"mlx5_0": {"ports": {1: MLX_ROCE_DOWN}, "driver": "mlx5_core", "ndev": "ens1f0"}})
+    p = run_doctor("--json", "--sysfs", str(root), "--dev-dir", str(tmp_path / "no-dev"), "--store-bytes", "1G")
+    r = json.loads(p.stdout)
+    assert p.returncode == 1 and not r["rdma_usable"]
+    got = [f["code"] for f in r["findings"]]
+    assert "port-not-active" in got and "no-uverbs" in got
+    assert r["rdma_devices"][0]["ports"][0]["netdevs"] == ["ens1f0"]
+
+
+def test_bad_store_bytes_is_a_usage_error():
+    p = run_doctor("--store-bytes", "lots")
+    assert p.returncode == 2 and "not a size" in p.stderr
+
+
+def _python_with_ray():
+    for py in (sys.executable, shutil.which("python3"), shutil.which("python")):
+        if py and subprocess.run([py, "-c", "import ray"], capture_output=True, timeout=120).returncode == 0:
+            return py
+    return None
+
+
+@pytest.mark.skipif(os.environ.get("RAYFABRIC_TEST_NO_RAY") == "1", reason="RAYFABRIC_TEST_NO_RAY=1")
+def test_real_ray_session_store_size():
+    """A real single-node Ray (own temp dir, 96 MiB store): the doctor reads its plasma size."""
+    py = _python_with_ray()
+    if py is None:
+        pytest.skip("no python with ray on this machine")
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="rfd", dir="/tmp")   # short: Ray's socket paths have a length limit
+    try:
+        script = (
+            "import json, subprocess, sys, ray\n"
+            "ray.init(num_cpus=1, object_store_memory=96 * 1024 * 1024, include_dashboard=False,\n"
+            "         logging_level='ERROR')  # RAY_TMPDIR: the session lands in <tmp>/ray/\n"
+            "p = subprocess.run([sys.executable, sys.argv[1], '--json'], capture_output=True, text=True)\n"
+            "ray.shutdown()\n"
+            "print(p.stdout)\n")
+        env = dict(os.environ, RAY_TMPDIR=tmp)
+        p = subprocess.run([py, "-c", script, str(DOCTOR)], capture_output=True, text=True,
+                           timeout=240, env=env)
+        assert p.returncode == 0, p.stderr[-2000:]
+        r = json.loads(p.stdout[p.stdout.index("{"):])
+        store = r["plasma_store"]
+        assert store["bytes"] is not None and abs(store["bytes"] - 96 * MiB) <= 4096, store
+        assert "raylet.out" in store["source"]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
