@@ -25,6 +25,7 @@
 #                           apt failure...) into exit 77 = skipped, with a SKIPPED banner.
 #                           Failures of checks inside a guest that did start never skip.
 #   VERBS_GTEST_FILTER      gtest filter for fabric_process_test (default '*')
+#   VERBS_BENCH_ITERS       rayfabric-bench --iters (default 3)
 #   GUEST_TIMEOUT           whole-guest limit in seconds (default 570, keeps the suite
 #                           < 10 min incl. boot); per-check limits are clamped to what is left
 #   FI_UNIVERSE_SIZE        passed through if set; otherwise 64 in the guest (rxm's CQ
@@ -46,8 +47,11 @@ set -uo pipefail
 # To add a check, add a line here.
 PROJECT_CHECKS=(
   'fabric_process_test|240|tests/fabric/fabric_process_test|RAYFABRIC_PROVIDER="verbs;ofi_rxm" RAYFABRIC_TEST_DOMAINS=rxe0,rxe1 RAYFABRIC_TEST_MAX_BYTES=${RAYFABRIC_TEST_MAX_BYTES:-33554432} RAYFABRIC_CHUNK_SIZE=${RAYFABRIC_CHUNK_SIZE:-256K} "$BIN" --gtest_filter="$VERBS_GTEST_FILTER"'
-  'rayfabric-bench|150|bench/rayfabric-bench|RAYFABRIC_CHUNK_SIZE=${RAYFABRIC_CHUNK_SIZE:-256K} "$BIN" --provider "verbs;ofi_rxm" --sizes 4K,1M,64M --verify'
+  'rayfabric-bench|150|bench/rayfabric-bench|RAYFABRIC_CHUNK_SIZE=${RAYFABRIC_CHUNK_SIZE:-256K} RAYFABRIC_BENCH_SERVER_DOMAIN=rxe1 "$BIN" --provider "verbs;ofi_rxm" --domain rxe0 --sizes 4K,1M,64M --verify --iters ${VERBS_BENCH_ITERS:-3}'
 )
+# rayfabric-bench: --iters 3 because its default (2 GiB / size, 3..2000 per size: ~4 GiB in
+# all) takes > 5 min at rxe's ~15 MB/s; server on rxe1, client on rxe0 so that the bytes
+# cross the veth pair (without it both ends use rxe0, rxe's internal loopback).
 # RAYFABRIC_CHUNK_SIZE=256K: rxe cannot do RDMA READs of >= 1 MiB in this guest (ib_read_bw
 # -s 1048576 never completes; completer retries), and the engine's 4 MiB default chunk
 # crawls at 0.45 MB/s and times out; 256 KiB chunks read at ~11 MB/s. Drop it once the
