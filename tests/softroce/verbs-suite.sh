@@ -196,13 +196,15 @@ check_project() {
     elif [ "$RC" = 124 ] || [ "$RC" = 137 ]; then
         record FAIL "$name" "$SECS" "TIMEOUT after ${limit}s"
     elif [ "$RC" != 0 ]; then
-        record FAIL "$name" "$SECS" "exit $RC"
+        local failed
+        failed=$(grep -oE '^\[  FAILED  \] [A-Za-z0-9_/]+\.[A-Za-z0-9_/.]+' "$log" | awk '{print $NF}' | sed 's/^[^.]*\.//' | sort -u | tr '\n' ' ')
+        record FAIL "$name" "$SECS" "exit $RC${failed:+; failed: $failed}"
     elif [ -n "$others" ]; then
         record FAIL "$name" "$SECS" "ran on another provider: $others(want $EXPECTED_PROVIDER)"
     elif [ -z "$lines" ]; then
         record FAIL "$name" "$SECS" "no 'provider $EXPECTED_PROVIDER' line in its output: cannot tell it used verbs"
     else
-        record PASS "$name" "$SECS" "$(head -1 <<<"$lines" | cut -c1-120)"
+        record PASS "$name" "$SECS" "$(grep -oE "provider $EXPECTED_PROVIDER domain [^ :(]+" "$log" | sort -u | tr '\n' ' ')"
     fi
 }
 
@@ -265,7 +267,9 @@ host_main() {
     local GT=${GUEST_TIMEOUT:-570}
     [ "$GT" -ge 60 ] 2>/dev/null || { echo "verbs-suite: GUEST_TIMEOUT=$GT must be an integer >= 60" >&2; exit 2; }
     export VERBS_GUEST_BUDGET=$(( GT - 15 ))
-    export GUEST_ENV="${GUEST_ENV:-} VERBS_GUEST_BUDGET VERBS_GTEST_FILTER FI_UNIVERSE_SIZE FI_LOG_LEVEL FI_LOG_PROV FI_LOG_SUBSYS PINGPONG_SIZES $(compgen -e | grep '^RAYFABRIC_' | tr '\n' ' ')"
+    local rf_vars
+    rf_vars=$(compgen -e | grep '^RAYFABRIC_' | tr '\n' ' ')
+    export GUEST_ENV="${GUEST_ENV:-} VERBS_GUEST_BUDGET VERBS_GTEST_FILTER VERBS_BENCH_ITERS FI_UNIVERSE_SIZE FI_LOG_LEVEL FI_LOG_PROV FI_LOG_SUBSYS FI_MR_CACHE_MAX_COUNT PINGPONG_SIZES $rf_vars"
 
     local WORK
     WORK=$(mktemp -d "${TMPDIR:-/tmp}/rayfabric-verbs.XXXXXX") || cannot_start "cannot create a work dir in ${TMPDIR:-/tmp}"
