@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "rayfabric/hex.h"
 #include "rayfabric/status.h"
 
 namespace rayfabric {
@@ -36,10 +37,6 @@ class ObjectId {
  private:
   std::array<uint8_t, kSize> bytes_;
 };
-
-// Lower-case hex of arbitrary bytes, and its inverse (fails on odd length or a non-hex digit).
-std::string BytesToHex(std::string_view bytes);
-Result<std::string> HexToBytes(std::string_view hex);
 
 }  // namespace rayfabric
 

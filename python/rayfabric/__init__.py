@@ -1,10 +1,20 @@
-"""rayfabric: Ray object transfers over libfabric RDMA (verbs, efa, tcp/sockets fallback).
+"""rayfabric: Ray object transfers over libfabric RDMA (verbs, efa; tcp/sockets fallback).
 
-The Python package is thin glue around the C++ binaries built by meson (build/)."""
+    import ray, rayfabric
+    ray.init(address="auto")
+    rayfabric.init()                    # an agent (rayfabricd) on every node, and on nodes that join
+    arrays = rayfabric.get(refs)        # remote plasma objects arrive by fi_read, then ray.get
+    rayfabric.prefetch(refs)            # the same, without ray.get
+    rayfabric.status()                  # per-node agent counters + this process's counters
+
+Any failure (no agent, lease refused, RDMA error, object spilled or inlined) falls back to Ray's
+own path: the result is always what ray.get returns. The Python package is thin glue around the
+C++ binaries built by meson (build/)."""
 import os
 
-RAY_VERSION = open(os.path.join(os.path.dirname(__file__), "..", "RAY_VERSION")).read().strip() \
-    if os.path.exists(os.path.join(os.path.dirname(__file__), "..", "RAY_VERSION")) else "2.60.0"
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_RAY_VERSION_FILE = os.path.join(_HERE, "..", "RAY_VERSION")
+RAY_VERSION = open(_RAY_VERSION_FILE).read().strip() if os.path.exists(_RAY_VERSION_FILE) else "2.60.0"
 
 
 def bin_dir():
@@ -12,4 +22,7 @@ def bin_dir():
     env = os.environ.get("RAYFABRIC_BIN_DIR")
     if env:
         return env
-    return os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "build"))
+    return os.path.abspath(os.path.join(_HERE, "..", "..", "build"))
+
+
+from rayfabric.api import get, init, prefetch, shutdown, stats, status  # noqa: E402,F401

@@ -23,6 +23,15 @@ const std::vector<ConfigEntry>& ConfigTable() {
       {"op_timeout_ms", "RAYFABRIC_OP_TIMEOUT_MS", "30000",
        "a transfer that has not completed in this time fails with TimedOut (dead peer, cut link)."},
       {"log_level", "RAYFABRIC_LOG_LEVEL", "info", "error, warn, info or debug."},
+      {"lease_ttl_ms", "RAYFABRIC_LEASE_TTL_MS", "60000",
+       "agent: a lease a reader never released is unpinned after this long (it bounds how long a "
+       "dead reader can hold objects in the store)."},
+      {"max_leases", "RAYFABRIC_MAX_LEASES", "65536",
+       "agent: active leases per agent; more are refused (RESOURCE_EXHAUSTED) so that readers "
+       "cannot pin the whole store."},
+      {"create_timeout_ms", "RAYFABRIC_CREATE_TIMEOUT_MS", "10000",
+       "agent: how long a pull waits for room in a full local store before it gives up (and the "
+       "caller falls back to Ray's path)."},
   };
   return table;
 }

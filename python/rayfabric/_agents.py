@@ -1,0 +1,183 @@
+"""One rayfabricd per Ray node, each started by a small detached Ray actor pinned to its node (so
+that it lives exactly as long as the node and `ray stop` takes it down), each publishing its gRPC
+address in Ray's internal KV under rayfabric/agent:<node id hex>."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import ray
+from ray.experimental import internal_kv
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from rayfabric import bin_dir
+
+NAMESPACE = "rayfabric"
+KV_PREFIX = "agent:"
+
+
+def agent_binary():
+    path = os.path.join(bin_dir(), "src", "agent", "rayfabricd")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"rayfabricd not found at {path}: build it (`meson setup build && ninja -C build`) "
+                                f"or point RAYFABRIC_BIN_DIR at the meson build directory")
+    return path
+
+
+def _log_path(node_hex):
+    try:
+        logs = ray._private.worker._global_node.get_logs_dir_path()
+    except Exception:  # noqa: BLE001 - not in a Ray process with a node: use /tmp
+        logs = tempfile.gettempdir()
+    return os.path.join(logs, f"rayfabricd-{node_hex[:12]}.log")
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class NodeAgent:
+    """Starts rayfabricd on its node and holds it: the agent exits with this actor's process."""
+
+    def __init__(self, node_hex, provider=None, env=None):
+        node = next((n for n in ray.nodes() if n["NodeID"] == node_hex and n["Alive"]), None)
+        if node is None:
+            raise RuntimeError(f"node {node_hex} is not alive in this Ray cluster")
+        ip = node["NodeManagerAddress"]
+        cmd = [agent_binary(), "--plasma-socket", node["ObjectStoreSocketName"], "--node-id", node_hex,
+               "--listen", f"{ip}:0", "--ray-version", ray.__version__, "--exit-with-parent"]
+        if provider:
+            cmd += ["--provider", provider]
+        self.log = _log_path(node_hex)
+        proc_env = dict(os.environ)
+        proc_env.update(env or {})
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=proc_env)
+        line = self.proc.stdout.readline().decode(errors="replace").strip()
+        if not line.startswith("RAYFABRICD_READY "):
+            self.proc.wait(timeout=10)
+            detail = line.split(" ", 1)[1] if line.startswith("RAYFABRICD_ERROR ") else \
+                f"exit status {self.proc.returncode}; see {self.log}"
+            raise RuntimeError(f"rayfabricd did not start on node {node_hex[:12]}: {detail}")
+        self.record = json.loads(line.split(" ", 1)[1])
+        self.record.update({"node_id": node_hex, "log": self.log, "ip": ip})
+        internal_kv._internal_kv_put(KV_PREFIX + node_hex, json.dumps(self.record), overwrite=True,
+                                     namespace=NAMESPACE)
+
+    def info(self):
+        self.record["alive"] = self.proc.poll() is None
+        return self.record
+
+    def kill_agent(self, sig=9):
+        """Tests: kill the rayfabricd process (not this actor)."""
+        os.kill(self.proc.pid, sig)
+        self.proc.wait(timeout=30)
+        return self.proc.returncode
+
+    def stop(self):
+        internal_kv._internal_kv_del(KV_PREFIX + self.record["node_id"], namespace=NAMESPACE)
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return True
+
+
+def actor_name(node_hex):
+    return f"rayfabric-agent-{node_hex}"
+
+
+def _worker_env():
+    """What the agent actor's worker needs to import this package and find the binaries."""
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.environ.get("PYTHONPATH", "")
+    return {"PYTHONPATH": pkg_root + (os.pathsep + path if path else ""), "RAYFABRIC_BIN_DIR": bin_dir()}
+
+
+def start_on(node_hex, provider=None, env=None):
+    """Starts (or finds) the agent actor of one node; returns its record (address, provider...)."""
+    actor = NodeAgent.options(
+        name=actor_name(node_hex), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_hex, soft=False),
+        runtime_env={"env_vars": _worker_env()}).remote(node_hex, provider, env)
+    return ray.get(actor.info.remote(), timeout=120)
+
+
+def actor_of(node_hex):
+    return ray.get_actor(actor_name(node_hex), namespace=NAMESPACE)
+
+
+def alive_nodes():
+    return [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+
+
+def start_all(provider=None, env=None):
+    """Starts agents on every alive node, in parallel; returns {node_hex: record}."""
+    records = {}
+    errors = {}
+    threads = []
+
+    def one(node):
+        try:
+            records[node] = start_on(node, provider, env)
+        except Exception as e:  # noqa: BLE001 - reported per node below
+            errors[node] = e
+    for node in alive_nodes():
+        t = threading.Thread(target=one, args=(node,))
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+    if errors:
+        msg = "; ".join(f"{n[:12]}: {e}" for n, e in errors.items())
+        raise RuntimeError(f"rayfabric agents failed to start on {len(errors)} node(s): {msg}")
+    return records
+
+
+def stop_all():
+    stopped = 0
+    for node in alive_nodes():
+        try:
+            actor = actor_of(node)
+        except ValueError:
+            continue
+        try:
+            ray.get(actor.stop.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - the actor may be gone with its node
+            pass
+        ray.kill(actor)
+        stopped += 1
+    return stopped
+
+
+def published():
+    """{node_hex: record} of every agent that published its address."""
+    out = {}
+    for key in internal_kv._internal_kv_list(KV_PREFIX, namespace=NAMESPACE):
+        key = key.decode() if isinstance(key, bytes) else key
+        value = internal_kv._internal_kv_get(key, namespace=NAMESPACE)
+        if value:
+            out[key[len(KV_PREFIX):]] = json.loads(value)
+    return out
+
+
+class NodeWatcher(threading.Thread):
+    """Starts agents on nodes that join after init()."""
+
+    def __init__(self, provider, env, interval_s=2.0):
+        super().__init__(daemon=True, name="rayfabric-node-watcher")
+        self.provider, self.env, self.interval_s = provider, env, interval_s
+        self.stopped = threading.Event()
+
+    def run(self):
+        while not self.stopped.wait(self.interval_s):
+            try:
+                known = published()
+                for node in alive_nodes():
+                    if node not in known:
+                        start_on(node, self.provider, self.env)
+            except Exception as e:  # noqa: BLE001 - keep watching; say why once per failure
+                print(f"rayfabric: could not start an agent on a new node: {e}", file=sys.stderr)
+                time.sleep(self.interval_s)

@@ -1,0 +1,54 @@
+"""gRPC client of one rayfabricd (proto/rayfabric/v1/agent.proto), over generic unary calls: the
+messages come from agent_pb2 (checked in, generated from the proto); no grpc codegen needed."""
+import grpc
+
+from rayfabric import agent_pb2 as pb
+
+PROTOCOL = pb.PROTOCOL_V1
+_OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+
+
+class AgentClient:
+    def __init__(self, address):
+        self.address = address
+        self._channel = grpc.insecure_channel(address, options=_OPTIONS)
+
+        def call(name, req, rep):
+            return self._channel.unary_unary(f"/rayfabric.v1.Agent/{name}",
+                                             request_serializer=req.SerializeToString,
+                                             response_deserializer=rep.FromString)
+        self._info = call("Info", pb.InfoRequest, pb.InfoReply)
+        self._lease = call("LeaseObjects", pb.LeaseRequest, pb.LeaseReply)
+        self._release = call("ReleaseLeases", pb.ReleaseRequest, pb.ReleaseReply)
+        self._pull = call("Pull", pb.PullRequest, pb.PullReply)
+        self._status = call("GetStatus", pb.StatusRequest, pb.StatusReply)
+
+    def info(self, timeout=10):
+        return self._info(pb.InfoRequest(protocol_version=PROTOCOL), timeout=timeout)
+
+    def lease(self, object_ids, ttl_ms=0, timeout=10, protocol_version=PROTOCOL):
+        return self._lease(pb.LeaseRequest(protocol_version=protocol_version, object_ids=object_ids,
+                                           ttl_ms=ttl_ms, requester="python"), timeout=timeout)
+
+    def release(self, leases, timeout=10):
+        """leases: iterable of (lease_id, token)."""
+        refs = [pb.LeaseRef(lease_id=i, token=t) for i, t in leases]
+        return self._release(pb.ReleaseRequest(protocol_version=PROTOCOL, leases=refs), timeout=timeout)
+
+    def pull(self, items, timeout_s):
+        """items: list of pb.PullItem. The agent bounds its own work by timeout_s; the RPC gets a
+        few seconds more so that its answer (with per-object errors) arrives."""
+        req = pb.PullRequest(protocol_version=PROTOCOL, items=items, timeout_ms=int(timeout_s * 1000))
+        return self._pull(req, timeout=timeout_s + 10)
+
+    def status(self, timeout=10):
+        return self._status(pb.StatusRequest(protocol_version=PROTOCOL), timeout=timeout)
+
+    def raw_call(self, method, payload, timeout=10):
+        """Sends raw bytes to a method (tests of malformed requests)."""
+        fn = self._channel.unary_unary(f"/rayfabric.v1.Agent/{method}",
+                                       request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        return fn(payload, timeout=timeout)
+
+    def close(self):
+        self._channel.close()

@@ -1,0 +1,194 @@
+"""rayfabric's Python API: init / get / prefetch / status / shutdown (see the package docstring)."""
+import logging
+import os
+import threading
+import time
+
+import ray
+from ray.core.generated import common_pb2
+
+from rayfabric import _agents
+from rayfabric import agent_pb2 as pb
+from rayfabric._client import AgentClient
+
+log = logging.getLogger("rayfabric")
+
+# Objects smaller than this go through Ray's own path (a pull's fixed cost is not worth it).
+MIN_OBJECT_BYTES = int(os.environ.get("RAYFABRIC_MIN_OBJECT_BYTES", str(64 << 10)))
+PULL_TIMEOUT_S = float(os.environ.get("RAYFABRIC_PULL_TIMEOUT_S", "60"))
+
+_lock = threading.Lock()
+_clients = {}
+_watcher = None
+_agents_cache = {"at": 0.0, "records": {}}
+_stats = {"objects_pulled": 0, "bytes_pulled": 0, "already_local": 0, "stood_aside": 0,
+          "ray_path_small": 0, "ray_path_not_in_plasma": 0, "fallbacks": 0, "fallback_reasons": {}}
+
+
+def init(provider=None, watch_new_nodes=True, env=None):
+    """Makes sure an agent runs on every alive node (and, with watch_new_nodes, on nodes that join
+    later). Call after ray.init(). Returns {node_id_hex: agent record}."""
+    global _watcher
+    if not ray.is_initialized():
+        raise RuntimeError("rayfabric.init() needs a connected Ray: call ray.init() first")
+    records = _agents.start_all(provider, env)
+    if watch_new_nodes and _watcher is None:
+        _watcher = _agents.NodeWatcher(provider, env)
+        _watcher.start()
+    _agents_cache["at"] = 0.0
+    return records
+
+
+def shutdown():
+    """Stops the agents of every node (the cluster keeps running)."""
+    global _watcher
+    if _watcher is not None:
+        _watcher.stopped.set()
+        _watcher = None
+    with _lock:
+        for c in _clients.values():
+            c.close()
+        _clients.clear()
+    _agents_cache["at"] = 0.0
+    return _agents.stop_all()
+
+
+def _agent_records(refresh=False):
+    now = time.monotonic()
+    if refresh or now - _agents_cache["at"] > 5.0:
+        _agents_cache["records"] = _agents.published()
+        _agents_cache["at"] = now
+    return _agents_cache["records"]
+
+
+def _client(address):
+    with _lock:
+        c = _clients.get(address)
+        if c is None:
+            c = _clients[address] = AgentClient(address)
+        return c
+
+
+def _fallback(reason, count=1):
+    """Counts a fallback to Ray's path; logs each distinct reason once."""
+    with _lock:
+        _stats["fallbacks"] += count
+        first = reason not in _stats["fallback_reasons"]
+        _stats["fallback_reasons"][reason] = _stats["fallback_reasons"].get(reason, 0) + count
+    if first:
+        log.warning("rayfabric: falling back to Ray's object transfer: %s", reason)
+
+
+def _count(key, n=1):
+    with _lock:
+        _stats[key] += n
+
+
+def _owner(core_worker, ref):
+    addr = common_pb2.Address()
+    addr.ParseFromString(core_worker.get_owner_address(ref))
+    return pb.OwnerAddress(node_id=addr.node_id, ip_address=addr.ip_address, port=addr.port,
+                           worker_id=addr.worker_id)
+
+
+def _pull(refs, timeout):
+    """Pulls by the fabric what is in another node's plasma; returns nothing, counts everything.
+    Never raises for a transfer problem: whatever did not arrive is left to Ray's path."""
+    if not refs:
+        return
+    deadline = None if timeout is None else time.monotonic() + timeout
+    # Wait until every object exists somewhere, without moving it (fetch_local=False).
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout, fetch_local=False)
+    if not ready:
+        return
+    agents = _agent_records()
+    here = ray.get_runtime_context().get_node_id()
+    local = agents.get(here) or _agent_records(refresh=True).get(here)
+    if local is None:
+        _fallback(f"no rayfabric agent on this node ({here[:12]}): rayfabric.init() or `rayfabric start`",
+                  len(ready))
+        return
+    core_worker = ray._private.worker.global_worker.core_worker
+    locations = ray.experimental.get_object_locations(ready)
+    items, sizes = [], {}
+    for ref in ready:
+        loc = locations.get(ref) or {}
+        nodes = loc.get("node_ids") or []
+        size = loc.get("object_size") or 0
+        if here in nodes:
+            continue
+        if not nodes:
+            _count("ray_path_not_in_plasma")  # inlined in the owner, spilled, or lost
+            continue
+        if size < MIN_OBJECT_BYTES:
+            _count("ray_path_small")
+            continue
+        source = next((agents[n]["address"] for n in nodes if n in agents), None)
+        if source is None:
+            _fallback("no rayfabric agent on the node(s) holding the object")
+            continue
+        items.append(pb.PullItem(object_id=ref.binary(), owner=_owner(core_worker, ref), source_agent=source))
+        sizes[ref.binary()] = size
+    if not items:
+        return
+    left = PULL_TIMEOUT_S if deadline is None else max(0.1, min(PULL_TIMEOUT_S, deadline - time.monotonic()))
+    try:
+        reply = _client(local["address"]).pull(items, left)
+    except Exception as e:  # noqa: BLE001 - agent dead/unreachable: Ray's path
+        code = e.code().name if hasattr(e, "code") else type(e).__name__
+        _fallback(f"local agent at {local['address']} did not answer ({code})", len(items))
+        _agents_cache["at"] = 0.0
+        return
+    for r in reply.results:
+        if r.outcome == pb.PULLED:
+            with _lock:
+                _stats["objects_pulled"] += 1
+                _stats["bytes_pulled"] += r.bytes
+        elif r.outcome == pb.ALREADY_LOCAL:
+            _count("already_local")
+        elif r.outcome == pb.STOOD_ASIDE:
+            _count("stood_aside")
+        else:
+            _fallback(f"pull failed: {r.error_code}: {r.error[:200]}")
+
+
+def prefetch(refs, timeout=None):
+    """Moves remote plasma objects into this node's store by the fabric; does not ray.get them."""
+    single = isinstance(refs, ray.ObjectRef)
+    _pull([refs] if single else list(refs), timeout)
+
+
+def get(refs, timeout=None):
+    """ray.get, with the bytes of remote plasma objects moved by the fabric first."""
+    single = isinstance(refs, ray.ObjectRef)
+    lst = [refs] if single else list(refs)
+    start = time.monotonic()
+    try:
+        _pull(lst, timeout)
+    except Exception as e:  # noqa: BLE001 - a bug or an unexpected Ray answer: still Ray's path
+        _fallback(f"unexpected error before the pull: {type(e).__name__}: {e}", len(lst))
+    left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+    return ray.get(refs, timeout=left)
+
+
+def stats():
+    """This process's counters (pulled objects and bytes, fallbacks by reason)."""
+    with _lock:
+        out = dict(_stats)
+        out["fallback_reasons"] = dict(_stats["fallback_reasons"])
+        return out
+
+
+def status(timeout=10):
+    """{"agents": {node_hex: {counters...}}, "local": stats()} from every published agent."""
+    out = {}
+    for node, rec in _agents.published().items():
+        try:
+            s = _client(rec["address"]).status(timeout=timeout)
+            d = {f.name: getattr(s, f.name) for f in pb.StatusReply.DESCRIPTOR.fields if f.name != "info"}
+            d.update({"address": rec["address"], "provider": s.info.provider, "domain": s.info.domain,
+                      "pid": s.info.pid, "alive": True})
+        except Exception as e:  # noqa: BLE001 - report the dead agent, keep going
+            d = {"address": rec["address"], "alive": False, "error": str(e)[:200]}
+        out[node] = d
+    return {"agents": out, "local": stats()}

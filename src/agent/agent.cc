@@ -1,0 +1,429 @@
+#include "agent/agent.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "rayfabric/hex.h"
+#include "rayfabric/log.h"
+#include "rayfabric/object_id.h"
+
+namespace rayfabric::agent {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Objects created locally and read at once are bounded per wave, so that a large pull does not
+// fill the local store with unsealed replicas before any of them is sealed.
+constexpr size_t kWaveObjects = 512;
+constexpr uint64_t kWaveBytes = 1ULL << 30;
+constexpr auto kRpcTimeout = std::chrono::seconds(10);
+
+// gRPC deadlines are system_clock; ours are steady_clock.
+std::chrono::system_clock::time_point ToSystem(Clock::time_point t) {
+  return std::chrono::system_clock::now() +
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(t - Clock::now());
+}
+
+std::string ShortHex(const std::string& binary) { return BytesToHex(binary).substr(0, 16); }
+
+void SetError(v1::PullResult& r, const Status& s) {
+  r.set_outcome(v1::FAILED);
+  r.set_error_code(StatusCodeName(s.code()));
+  r.set_error(s.message());
+}
+
+Status FromGrpc(const grpc::Status& s, const std::string& what) {
+  switch (s.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return Unavailable(what + ": " + s.error_message() +
+                         " (is rayfabricd running on that node? `rayfabric status`)");
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return VersionMismatch(what + ": " + s.error_message());
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return InvalidArgument(what + ": " + s.error_message());
+    default:
+      return ProtocolError(what + ": gRPC " + std::to_string(s.error_code()) + ": " + s.error_message());
+  }
+}
+
+}  // namespace
+
+// One object of a Pull: its request, its result, and what it holds while in flight.
+struct Agent::PullJob {
+  const v1::PullItem* item = nullptr;
+  v1::PullResult* result = nullptr;
+  ObjectId id;
+  v1::Lease lease;
+  bool leased = false;
+  bool created = false;
+  plasma::ObjectBuffer replica;
+  fabric::Transfer transfer;
+  Clock::time_point started;
+};
+
+Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options) {
+  if (options.node_id.size() != ObjectId::kSize) {
+    return InvalidArgument("the agent's node id must be a Ray NodeID (28 bytes, 56 hex digits), got " +
+                           std::to_string(options.node_id.size()) + " bytes");
+  }
+  // Every numeric setting is checked here, once, with the name of the bad one.
+  for (const char* name : {"max_leases", "lease_ttl_ms", "create_timeout_ms", "op_timeout_ms"}) {
+    RF_ASSIGN_OR_RETURN(int64_t v, options.config.GetInt(name));
+    if (v <= 0) return InvalidArgument(std::string(name) + " must be > 0, got " + std::to_string(v));
+  }
+  plasma::ConnectOptions connect;
+  connect.ray_version = options.ray_version;
+  RF_ASSIGN_OR_RETURN(auto serve_store, plasma::PlasmaClient::Connect(options.plasma_socket, connect));
+  RF_ASSIGN_OR_RETURN(auto pull_store, plasma::PlasmaClient::Connect(options.plasma_socket, connect));
+  RF_ASSIGN_OR_RETURN(auto engine, fabric::Engine::Open(options.config));
+  return std::unique_ptr<Agent>(
+      new Agent(std::move(options), std::move(serve_store), std::move(pull_store), std::move(engine)));
+}
+
+Agent::Agent(AgentOptions options, std::unique_ptr<plasma::PlasmaClient> serve_store,
+             std::unique_ptr<plasma::PlasmaClient> pull_store, std::unique_ptr<fabric::Engine> engine)
+    : options_(std::move(options)),
+      serve_store_(std::move(serve_store)),
+      pull_store_(std::move(pull_store)),
+      engine_(std::move(engine)),
+      leases_(static_cast<size_t>(options_.config.GetInt("max_leases").value())),
+      default_ttl_(options_.config.GetInt("lease_ttl_ms").value()),
+      create_timeout_ms_(options_.config.GetInt("create_timeout_ms").value()),
+      op_timeout_ms_(options_.config.GetInt("op_timeout_ms").value()) {
+  auto on_unmapped = [this](const plasma::SegmentInfo& s) { OnSegmentUnmapped(s); };
+  serve_store_->SetSegmentCallbacks(nullptr, on_unmapped);
+  pull_store_->SetSegmentCallbacks(nullptr, on_unmapped);
+  sweeper_ = std::thread([this] { SweepLoop(); });
+}
+
+Agent::~Agent() {
+  {
+    std::lock_guard<std::mutex> lock(sweep_mu_);
+    stopping_ = true;
+  }
+  sweep_cv_.notify_all();
+  sweeper_.join();
+  for (const LeasedObject& o : leases_.TakeAll()) (void)serve_store_->Release(o.object);
+}
+
+Result<std::shared_ptr<fabric::MemoryRegion>> Agent::RegionFor(uint8_t* base, size_t size) {
+  std::lock_guard<std::mutex> lock(regions_mu_);
+  auto it = regions_.find(base);
+  if (it != regions_.end() && it->second.region->length() >= size) return it->second.region;
+  // The whole segment (the store's arena: every later object in it is served or filled with no
+  // new registration).
+  RF_ASSIGN_OR_RETURN(auto region, engine_->Register(base, size));
+  regions_[base] = Registered{region};
+  return region;
+}
+
+void Agent::OnSegmentUnmapped(const plasma::SegmentInfo& segment) {
+  // Runs before the segment is unmapped: drop our registration so that no stale region can be
+  // found at this address again.
+  std::lock_guard<std::mutex> lock(regions_mu_);
+  regions_.erase(segment.base);
+}
+
+v1::InfoReply Agent::Info() const {
+  v1::InfoReply info;
+  info.set_protocol_version(kProtocolVersion);
+  info.set_agent_version("0.1.0");
+  info.set_ray_version(options_.ray_version);
+  info.set_node_id(options_.node_id);
+  info.set_provider(engine_->profile().provider);
+  info.set_domain(engine_->profile().domain);
+  info.set_fabric_address(engine_->Address());
+  info.set_provider_reason(engine_->report().reason);
+  info.set_pid(static_cast<int32_t>(getpid()));
+  return info;
+}
+
+v1::Lease Agent::LeaseOne(const std::string& object_id, std::chrono::milliseconds ttl) {
+  v1::Lease lease;
+  lease.set_object_id(object_id);
+  auto fail = [&](const Status& s) {
+    ++leases_refused_;
+    lease.set_error_code(StatusCodeName(s.code()));
+    lease.set_error(s.message());
+    return lease;
+  };
+  auto id = ObjectId::FromBinary(object_id);
+  if (!id.ok()) return fail(id.status());
+  auto got = serve_store_->GetOne(*id, 0);
+  if (!got.ok()) return fail(got.status());
+  const plasma::ObjectBuffer& obj = *got;
+  const uint64_t bytes = obj.data_size + obj.metadata_size;
+  auto region = RegionFor(obj.segment_base, obj.segment_size);
+  if (!region.ok()) {
+    (void)serve_store_->Release(*id);
+    return fail(region.status().WithContext("registering the store memory of object " + id->Hex()));
+  }
+  auto grant = leases_.Grant(LeasedObject{*id, bytes}, ttl);
+  if (!grant.ok()) {
+    (void)serve_store_->Release(*id);
+    return fail(grant.status());
+  }
+  ++leases_granted_;
+  bytes_leased_ += bytes;
+  lease.set_lease_id(grant->id);
+  lease.set_token(grant->token);
+  lease.set_region((*region)->Describe().Serialize());
+  lease.set_offset(static_cast<uint64_t>(obj.data - static_cast<uint8_t*>((*region)->base())));
+  lease.set_data_size(obj.data_size);
+  lease.set_metadata_size(obj.metadata_size);
+  lease.set_expires_in_ms(static_cast<uint64_t>(ttl.count()));
+  return lease;
+}
+
+v1::LeaseReply Agent::Lease(const v1::LeaseRequest& request) {
+  v1::LeaseReply reply;
+  reply.set_fabric_address(engine_->Address());
+  reply.set_provider(engine_->profile().provider);
+  auto ttl = request.ttl_ms() > 0 ? std::chrono::milliseconds(request.ttl_ms()) : default_ttl_;
+  for (const std::string& id : request.object_ids()) *reply.add_leases() = LeaseOne(id, ttl);
+  return reply;
+}
+
+v1::ReleaseReply Agent::Release(const v1::ReleaseRequest& request) {
+  v1::ReleaseReply reply;
+  for (const v1::LeaseRef& ref : request.leases()) {
+    auto released = leases_.Release(ref.lease_id(), ref.token());
+    Status s = released.ok() ? serve_store_->Release(released->object) : released.status();
+    if (released.ok()) ++leases_released_;
+    reply.add_error_codes(s.ok() ? "" : StatusCodeName(s.code()));
+    reply.add_errors(s.ok() ? "" : s.message());
+  }
+  return reply;
+}
+
+void Agent::SweepLoop() {
+  std::unique_lock<std::mutex> lock(sweep_mu_);
+  while (!stopping_) {
+    sweep_cv_.wait_for(lock, std::chrono::milliseconds(100));
+    for (const LeasedObject& o : leases_.TakeExpired()) {
+      ++leases_expired_;
+      RF_LOG(kWarn, "lease on object " << o.object.Hex() << " expired unreleased: unpinned");
+      (void)serve_store_->Release(o.object);
+    }
+  }
+}
+
+v1::PullReply Agent::Pull(const v1::PullRequest& request) {
+  v1::PullReply reply;
+  reply.set_provider(engine_->profile().provider);
+  const auto deadline =
+      Clock::now() + std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms() : op_timeout_ms_);
+  std::vector<PullJob> jobs(static_cast<size_t>(request.items_size()));
+  std::map<std::string, std::vector<PullJob*>> by_source;
+  for (int i = 0; i < request.items_size(); ++i) {
+    PullJob& job = jobs[static_cast<size_t>(i)];
+    job.item = &request.items(i);
+    job.result = reply.add_results();
+    job.result->set_object_id(job.item->object_id());
+    auto id = ObjectId::FromBinary(job.item->object_id());
+    if (!id.ok()) {
+      SetError(*job.result, id.status());
+      continue;
+    }
+    job.id = *id;
+    if (job.item->source_agent().empty()) {
+      SetError(*job.result, InvalidArgument("pull of object " + id->Hex() + ": no source_agent given"));
+      continue;
+    }
+    auto local = pull_store_->Contains(job.id);
+    if (local.ok() && *local) {
+      job.result->set_outcome(v1::ALREADY_LOCAL);
+      ++pulls_already_local_;
+      continue;
+    }
+    by_source[job.item->source_agent()].push_back(&job);
+  }
+  for (auto& [source, group] : by_source) PullFromSource(source, group, deadline);
+  for (const PullJob& job : jobs) {
+    if (job.result->outcome() == v1::FAILED) {
+      ++pulls_failed_;
+      RF_LOG(kWarn, "pull of object " << ShortHex(job.item->object_id()) << " failed: "
+                                      << job.result->error_code() << ": " << job.result->error());
+    }
+  }
+  return reply;
+}
+
+void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
+                           Clock::time_point deadline) {
+  auto stub = peers_.Get(source);
+  // 1. Lease every object from the source agent in one request.
+  v1::LeaseRequest lease_request;
+  lease_request.set_protocol_version(kProtocolVersion);
+  lease_request.set_requester(BytesToHex(options_.node_id));
+  for (PullJob* job : jobs) lease_request.add_object_ids(job->id.Binary());
+  v1::LeaseReply lease_reply;
+  grpc::ClientContext lease_ctx;
+  lease_ctx.set_deadline(ToSystem(std::min(deadline, Clock::now() + kRpcTimeout)));
+  grpc::Status rpc = stub->LeaseObjects(&lease_ctx, lease_request, &lease_reply);
+  Status leased_status = rpc.ok() ? Status::OK() : FromGrpc(rpc, "leasing from the agent at " + source);
+  if (leased_status.ok() && lease_reply.leases_size() != static_cast<int>(jobs.size())) {
+    leased_status = ProtocolError("the agent at " + source + " answered " +
+                                  std::to_string(lease_reply.leases_size()) + " leases for " +
+                                  std::to_string(jobs.size()) + " objects");
+  }
+  if (!leased_status.ok()) {
+    for (PullJob* job : jobs) SetError(*job->result, leased_status);
+    return;
+  }
+  fabric::PeerId peer = 0;
+  fabric::RemoteRegion remote;
+  std::string last_region;
+  Status peer_status = Status::OK();
+  auto added = engine_->AddPeer(lease_reply.fabric_address());
+  if (added.ok()) {
+    peer = *added;
+  } else {
+    peer_status = added.status().WithContext("adding the agent at " + source + " as a fabric peer");
+  }
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    PullJob& job = *jobs[i];
+    job.lease = lease_reply.leases(static_cast<int>(i));
+    if (!job.lease.error_code().empty()) {
+      SetError(*job.result, Status(StatusCode::kNotFound, "the agent at " + source + " refused a lease on object " +
+                                                             job.id.Hex() + ": " + job.lease.error_code() + ": " +
+                                                             job.lease.error()));
+      continue;
+    }
+    job.leased = true;
+    if (!peer_status.ok()) SetError(*job.result, peer_status);
+  }
+
+  // 2. In waves: create the replica, start its read; then wait, seal or abort.
+  size_t next = 0;
+  while (next < jobs.size()) {
+    std::vector<PullJob*> wave;
+    uint64_t wave_bytes = 0;
+    for (; next < jobs.size() && wave.size() < kWaveObjects && wave_bytes < kWaveBytes; ++next) {
+      PullJob& job = *jobs[next];
+      if (!job.leased || job.result->outcome() == v1::FAILED) continue;
+      const uint64_t bytes = job.lease.data_size() + job.lease.metadata_size();
+      plasma::CreateOptions create;
+      create.owner.node_id = job.item->owner().node_id();
+      create.owner.ip_address = job.item->owner().ip_address();
+      create.owner.port = job.item->owner().port();
+      create.owner.worker_id = job.item->owner().worker_id();
+      create.data_size = job.lease.data_size();
+      create.metadata_size = job.lease.metadata_size();
+      create.timeout_ms = create_timeout_ms_;
+      job.started = Clock::now();
+      auto replica = pull_store_->Create(job.id, create);
+      if (!replica.ok()) {
+        if (replica.status().code() == StatusCode::kAlreadyExists) {
+          // Ray (or another pull) is creating it here already: leave it to them.
+          job.result->set_outcome(v1::STOOD_ASIDE);
+          ++pulls_stood_aside_;
+        } else {
+          SetError(*job.result, replica.status().WithContext("creating the local replica"));
+        }
+        continue;
+      }
+      job.created = true;
+      job.replica = *replica;
+      Status s = Status::OK();
+      if (job.lease.region() != last_region) {
+        auto parsed = fabric::RemoteRegion::Parse(job.lease.region());
+        s = parsed.status();
+        if (parsed.ok()) {
+          remote = *parsed;
+          last_region = job.lease.region();
+        }
+      }
+      std::shared_ptr<fabric::MemoryRegion> local;
+      if (s.ok()) {
+        auto region = RegionFor(job.replica.segment_base, job.replica.segment_size);
+        s = region.status();
+        if (region.ok()) local = *region;
+      }
+      if (s.ok()) {
+        auto started = engine_->Start(fabric::RmaOp::kRead, peer, remote, local,
+                                      {{job.replica.data, bytes, job.lease.offset()}});
+        s = started.status();
+        if (started.ok()) job.transfer = *started;
+      }
+      if (!s.ok()) {
+        SetError(*job.result, s.WithContext("fi_read of object " + job.id.Hex() + " from " + source));
+        (void)pull_store_->Abort(job.id);
+        job.created = false;
+        continue;
+      }
+      wave.push_back(&job);
+      wave_bytes += bytes;
+    }
+    for (PullJob* job : wave) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      Status s = job->transfer.Wait(std::max(left, std::chrono::milliseconds(1)));
+      if (s.ok()) s = pull_store_->Seal(job->id);
+      if (s.ok()) {
+        (void)pull_store_->Release(job->id);
+        const uint64_t bytes = job->lease.data_size() + job->lease.metadata_size();
+        job->result->set_outcome(v1::PULLED);
+        job->result->set_bytes(bytes);
+        job->result->set_seconds(std::chrono::duration<double>(Clock::now() - job->started).count());
+        ++objects_pulled_;
+        bytes_pulled_ += bytes;
+      } else {
+        // Never seal bytes we did not get. A transfer that outlived our wait still targets the
+        // replica's memory: it fails by itself at its own deadline (op_timeout_ms) and the store
+        // only reuses the space after the abort, so bytes can land in freed space at worst.
+        SetError(*job->result, s.WithContext("fi_read of object " + job->id.Hex() + " from " + source));
+        (void)job->transfer.Wait(std::chrono::milliseconds(op_timeout_ms_));
+        (void)pull_store_->Abort(job->id);
+      }
+      job->created = false;
+    }
+  }
+
+  // 3. Release every lease we got, whatever happened.
+  v1::ReleaseRequest release;
+  release.set_protocol_version(kProtocolVersion);
+  for (PullJob* job : jobs) {
+    if (!job->leased) continue;
+    v1::LeaseRef* ref = release.add_leases();
+    ref->set_lease_id(job->lease.lease_id());
+    ref->set_token(job->lease.token());
+  }
+  if (release.leases_size() > 0) {
+    v1::ReleaseReply release_reply;
+    grpc::ClientContext release_ctx;
+    release_ctx.set_deadline(ToSystem(Clock::now() + kRpcTimeout));
+    grpc::Status r = stub->ReleaseLeases(&release_ctx, release, &release_reply);
+    if (!r.ok()) {
+      RF_LOG(kWarn, "releasing " << release.leases_size() << " leases at " << source << " failed ("
+                                 << r.error_message() << "): they expire by themselves");
+    }
+  }
+}
+
+v1::StatusReply Agent::GetStatus() const {
+  v1::StatusReply s;
+  *s.mutable_info() = Info();
+  s.set_objects_pulled(objects_pulled_);
+  s.set_bytes_pulled(bytes_pulled_);
+  s.set_pulls_failed(pulls_failed_);
+  s.set_pulls_stood_aside(pulls_stood_aside_);
+  s.set_pulls_already_local(pulls_already_local_);
+  s.set_leases_granted(leases_granted_);
+  s.set_leases_released(leases_released_);
+  s.set_leases_expired(leases_expired_);
+  s.set_leases_refused(leases_refused_);
+  s.set_leases_active(leases_.active());
+  s.set_pinned_bytes(leases_.pinned_bytes());
+  s.set_bytes_leased(bytes_leased_);
+  auto stats = engine_->stats();
+  s.set_fabric_bytes_read(stats.bytes_read);
+  s.set_registered_regions(stats.regions_registered);
+  s.set_requests_rejected(requests_rejected_);
+  return s;
+}
+
+}  // namespace rayfabric::agent

@@ -1,0 +1,91 @@
+// The node agent's logic (rayfabricd): composes this node's plasma store (src/plasma) and the
+// fabric engine (src/fabric). It serves leases on local objects to remote readers and pulls
+// remote objects into the local store by fi_read. The gRPC server (grpc_service.cc) is a thin
+// adapter over these methods; remote agents are reached through PeerClients.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "agent/lease_table.h"
+#include "agent/peer_clients.h"
+#include "agent.pb.h"
+#include "rayfabric/config.h"
+#include "rayfabric/fabric.h"
+#include "rayfabric/plasma_client.h"
+#include "rayfabric/status.h"
+
+namespace rayfabric::agent {
+
+namespace v1 = ::rayfabric::v1;
+
+inline constexpr uint32_t kProtocolVersion = v1::PROTOCOL_V1;
+
+struct AgentOptions {
+  std::string plasma_socket;
+  std::string ray_version;  // ray.__version__ of the cluster: the plasma client checks it
+  std::string node_id;      // 28 raw bytes: the Ray node this agent serves
+  Config config = Config::FromEnvironment();
+};
+
+class Agent {
+ public:
+  // Connects to the store (twice: one connection serves leases, one creates replicas, so that
+  // a pull waiting for room in a full store never blocks serving) and opens the engine.
+  static Result<std::unique_ptr<Agent>> Open(AgentOptions options);
+  ~Agent();  // unpins everything still leased
+
+  v1::InfoReply Info() const;
+  v1::LeaseReply Lease(const v1::LeaseRequest& request);
+  v1::ReleaseReply Release(const v1::ReleaseRequest& request);
+  v1::PullReply Pull(const v1::PullRequest& request);
+  v1::StatusReply GetStatus() const;
+
+  void CountRejectedRequest() { ++requests_rejected_; }
+
+ private:
+  struct Registered {
+    std::shared_ptr<fabric::MemoryRegion> region;
+  };
+  struct PullJob;
+
+  Agent(AgentOptions options, std::unique_ptr<plasma::PlasmaClient> serve_store,
+        std::unique_ptr<plasma::PlasmaClient> pull_store, std::unique_ptr<fabric::Engine> engine);
+
+  // The registered region covering a mapped store segment (registered once, dropped on unmap).
+  Result<std::shared_ptr<fabric::MemoryRegion>> RegionFor(uint8_t* segment_base, size_t segment_size);
+  void OnSegmentUnmapped(const plasma::SegmentInfo& segment);
+  v1::Lease LeaseOne(const std::string& object_id, std::chrono::milliseconds ttl);
+  void PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
+                      std::chrono::steady_clock::time_point deadline);
+  void SweepLoop();
+
+  AgentOptions options_;
+  std::unique_ptr<plasma::PlasmaClient> serve_store_;
+  std::unique_ptr<plasma::PlasmaClient> pull_store_;
+  std::unique_ptr<fabric::Engine> engine_;
+  LeaseTable leases_;
+  PeerClients peers_;
+  std::chrono::milliseconds default_ttl_;
+  int64_t create_timeout_ms_ = 10000;
+  int64_t op_timeout_ms_ = 30000;
+
+  std::mutex regions_mu_;
+  std::map<uint8_t*, Registered> regions_;  // by segment base
+
+  std::atomic<uint64_t> objects_pulled_{0}, bytes_pulled_{0}, pulls_failed_{0},
+      pulls_stood_aside_{0}, pulls_already_local_{0}, leases_granted_{0}, leases_released_{0},
+      leases_expired_{0}, leases_refused_{0}, bytes_leased_{0}, requests_rejected_{0};
+
+  std::mutex sweep_mu_;
+  std::condition_variable sweep_cv_;
+  bool stopping_ = false;
+  std::thread sweeper_;
+};
+
+}  // namespace rayfabric::agent

@@ -1,0 +1,67 @@
+// Leases an agent hands to remote readers: which object is pinned for whom, until when. A lease is
+// identified by a number and proven by a random token, so a reader cannot release (or extend)
+// another reader's lease by guessing ids. Knows nothing of plasma or gRPC: the agent unpins what
+// Release/Expire hand back.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "rayfabric/object_id.h"
+#include "rayfabric/status.h"
+
+namespace rayfabric::agent {
+
+struct LeaseGrant {
+  uint64_t id = 0;
+  std::string token;  // kTokenBytes random bytes
+};
+
+struct LeasedObject {
+  ObjectId object;
+  uint64_t bytes = 0;  // data + metadata, for the pinned-bytes counter
+};
+
+class LeaseTable {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static constexpr size_t kTokenBytes = 16;
+
+  explicit LeaseTable(size_t max_leases) : max_leases_(max_leases) {}
+
+  // ResourceExhausted when max_leases are active.
+  Result<LeaseGrant> Grant(const LeasedObject& object, std::chrono::milliseconds ttl,
+                           Clock::time_point now = Clock::now());
+  // The released lease's object; NotFound for an unknown or expired lease, PermissionDenied for
+  // a token that does not match (the lease stays).
+  Result<LeasedObject> Release(uint64_t id, const std::string& token);
+  // Removes and returns every lease whose expiry is at or before `now`.
+  std::vector<LeasedObject> TakeExpired(Clock::time_point now = Clock::now());
+  // Removes and returns everything (shutdown).
+  std::vector<LeasedObject> TakeAll();
+
+  size_t active() const;
+  uint64_t pinned_bytes() const;
+  // Lease expired ids are remembered (bounded) so that a late Release says "expired".
+  bool RecentlyExpired(uint64_t id) const;
+
+ private:
+  struct Entry {
+    LeasedObject object;
+    std::string token;
+    Clock::time_point expires;
+  };
+  mutable std::mutex mu_;
+  size_t max_leases_;
+  uint64_t next_id_ = 1;
+  uint64_t pinned_bytes_ = 0;
+  std::unordered_map<uint64_t, Entry> leases_;
+  std::vector<uint64_t> expired_ring_;  // last few expired ids, for a clear error
+  size_t expired_next_ = 0;
+};
+
+}  // namespace rayfabric::agent

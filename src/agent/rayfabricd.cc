@@ -1,0 +1,124 @@
+// rayfabricd: the rayfabric agent of one Ray node. Serves leases on the node's plasma objects and
+// pulls remote objects into it by fi_read; controlled over gRPC (proto/rayfabric/v1/agent.proto).
+//
+//   rayfabricd --plasma-socket PATH --node-id HEX --listen HOST:PORT [--ray-version V]
+//              [--provider P] [--domain D] [--exit-with-parent]
+//
+// Once serving it prints one line `RAYFABRICD_READY {json}` (address, provider, domain, pid) to
+// stdout; any startup error is one line `RAYFABRICD_ERROR {json}` and exit status 1.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/prctl.h>
+
+#include <csignal>
+#include <iostream>
+#include <string>
+
+#include "agent/agent.h"
+#include "agent/grpc_service.h"
+#include "rayfabric/hex.h"
+#include "rayfabric/log.h"
+
+namespace rayfabric::agent {
+namespace {
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    out += c;
+  }
+  return out + "\"";
+}
+
+int StartupError(const Status& s) {
+  std::cout << "RAYFABRICD_ERROR {\"code\":" << JsonString(StatusCodeName(s.code()))
+            << ",\"error\":" << JsonString(s.message()) << "}" << std::endl;
+  return 1;
+}
+
+struct Flags {
+  AgentOptions agent;
+  std::string listen = "127.0.0.1:0";
+  bool exit_with_parent = false;
+};
+
+Result<Flags> ParseFlags(int argc, char** argv) {
+  Flags f;
+  std::string node_hex;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&]() -> Result<std::string> {
+      if (i + 1 >= argc) return InvalidArgument(arg + " needs a value");
+      return std::string(argv[++i]);
+    };
+    if (arg == "--plasma-socket") {
+      RF_ASSIGN_OR_RETURN(f.agent.plasma_socket, value());
+    } else if (arg == "--node-id") {
+      RF_ASSIGN_OR_RETURN(node_hex, value());
+    } else if (arg == "--listen") {
+      RF_ASSIGN_OR_RETURN(f.listen, value());
+    } else if (arg == "--ray-version") {
+      RF_ASSIGN_OR_RETURN(f.agent.ray_version, value());
+    } else if (arg == "--provider" || arg == "--domain") {
+      RF_ASSIGN_OR_RETURN(std::string v, value());
+      RF_RETURN_IF_ERROR(f.agent.config.Set(arg.substr(2), v));
+    } else if (arg == "--exit-with-parent") {
+      f.exit_with_parent = true;
+    } else {
+      return InvalidArgument("unknown argument '" + arg +
+                             "'; usage: rayfabricd --plasma-socket PATH --node-id HEX --listen HOST:PORT "
+                             "[--ray-version V] [--provider P] [--domain D] [--exit-with-parent]");
+    }
+  }
+  if (f.agent.plasma_socket.empty()) return InvalidArgument("--plasma-socket is required");
+  RF_ASSIGN_OR_RETURN(f.agent.node_id, HexToBytes(node_hex));
+  return f;
+}
+
+}  // namespace
+}  // namespace rayfabric::agent
+
+int main(int argc, char** argv) {
+  using namespace rayfabric::agent;
+  auto flags = ParseFlags(argc, argv);
+  if (!flags.ok()) return StartupError(flags.status());
+  if (flags->exit_with_parent) {
+    // The agent lives as long as whoever started it (the per-node Ray actor): no orphans.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() == 1) return StartupError(rayfabric::Aborted("parent exited before the agent started"));
+  }
+  // Block the stop signals in every thread; the main thread waits for them below.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  auto agent = Agent::Open(flags->agent);
+  if (!agent.ok()) return StartupError(agent.status());
+  AgentService service(agent->get());
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(flags->listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxSendMessageSize(64 << 20);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    return StartupError(rayfabric::Unavailable("cannot listen on " + flags->listen +
+                                               " (address in use or not local?)"));
+  }
+  const std::string host = flags->listen.substr(0, flags->listen.rfind(':'));
+  const auto info = (*agent)->Info();
+  std::cout << "RAYFABRICD_READY {\"address\":" << JsonString(host + ":" + std::to_string(port))
+            << ",\"provider\":" << JsonString(info.provider()) << ",\"domain\":" << JsonString(info.domain())
+            << ",\"pid\":" << info.pid() << "}" << std::endl;
+  int sig = 0;
+  sigwait(&stop, &sig);
+  RF_LOG(kInfo, "rayfabricd: signal " << sig << ", shutting down");
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  agent->reset();
+  return 0;
+}
