@@ -40,6 +40,10 @@ class NodeAgent:
     """Starts rayfabricd on its node and holds it: the agent exits with this actor's process."""
 
     def __init__(self, node_hex, provider=None, env=None):
+        self.args = (node_hex, provider, env)
+        self._launch(node_hex, provider, env)
+
+    def _launch(self, node_hex, provider, env):
         node = next((n for n in ray.nodes() if n["NodeID"] == node_hex and n["Alive"]), None)
         if node is None:
             raise RuntimeError(f"node {node_hex} is not alive in this Ray cluster")
@@ -73,6 +77,13 @@ class NodeAgent:
         os.kill(self.proc.pid, sig)
         self.proc.wait(timeout=30)
         return self.proc.returncode
+
+    def restart(self):
+        """Relaunches rayfabricd if it died (tests; `rayfabric start` on a live cluster)."""
+        if self.proc.poll() is None:
+            return self.info()
+        self._launch(*self.args)
+        return self.info()
 
     def stop(self):
         internal_kv._internal_kv_del(KV_PREFIX + self.record["node_id"], namespace=NAMESPACE)

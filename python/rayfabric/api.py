@@ -13,6 +13,10 @@ from rayfabric._client import AgentClient
 
 log = logging.getLogger("rayfabric")
 
+# ray.get as it was at import: transparent mode replaces ray.get, and rayfabric.get must not
+# call itself through it.
+_ray_get = ray.get
+
 # Objects smaller than this go through Ray's own path (a pull's fixed cost is not worth it).
 MIN_OBJECT_BYTES = int(os.environ.get("RAYFABRIC_MIN_OBJECT_BYTES", str(64 << 10)))
 PULL_TIMEOUT_S = float(os.environ.get("RAYFABRIC_PULL_TIMEOUT_S", "60"))
@@ -149,6 +153,8 @@ def _pull(refs, timeout):
         elif r.outcome == pb.STOOD_ASIDE:
             _count("stood_aside")
         else:
+            if r.error_code == "Unavailable":
+                _agents_cache["at"] = 0.0  # an agent moved or died: read the KV again next time
             _fallback(f"pull failed: {r.error_code}: {r.error[:200]}")
 
 
@@ -168,7 +174,7 @@ def get(refs, timeout=None):
     except Exception as e:  # noqa: BLE001 - a bug or an unexpected Ray answer: still Ray's path
         _fallback(f"unexpected error before the pull: {type(e).__name__}: {e}", len(lst))
     left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
-    return ray.get(refs, timeout=left)
+    return _ray_get(refs, timeout=left)
 
 
 def stats():

@@ -1,21 +1,20 @@
 """README's main job: a local 2-node Ray cluster moves the same kind of object both ways, once
 through Ray's own object manager and once through rayfabric (fi_read from the source node's plasma
-memory into the destination node's plasma), and prints both times.
+memory into the destination node's plasma, by the node agents rayfabricd), and prints both times.
 
     python3 -m rayfabric.demo [--size-mb 1024] [--provider 'tcp;ofi_rxm'] [--json FILE]
 """
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 import numpy as np
 import ray
 from ray.cluster_utils import Cluster
-from ray.core.generated import common_pb2
 
+import rayfabric
 from rayfabric import bin_dir
 
 
@@ -46,25 +45,19 @@ def expected_fingerprint(nbytes, seed):
     return int(sample.astype(np.uint64).sum()), seed % 251, nbytes
 
 
-def owner_fields(ref):
-    addr = common_pb2.Address()
-    addr.ParseFromString(ray._private.worker.global_worker.core_worker.get_owner_address(ref))
-    return [addr.node_id.hex(), addr.ip_address, str(addr.port), addr.worker_id.hex()]
+@ray.remote(num_cpus=0)
+def fingerprint_via_rayfabric(refs):
+    # The ref arrives wrapped in a list, so Ray does not resolve it: rayfabric.get moves the bytes
+    # by the fabric into this node's store, then ray.get maps them.
+    import rayfabric as rf
+    before = rf.stats()
+    arr = rf.get(refs[0])
+    after = rf.stats()
+    return fingerprint_local(arr), after["bytes_pulled"] - before["bytes_pulled"], after["fallback_reasons"]
 
 
-def fabric_copy(ref, src_socket, dst_socket, provider=None):
-    cmd = [os.path.join(bin_dir(), "src", "agent", "rayfabric-copy"), "pull", src_socket, dst_socket,
-           ref.hex(), *owner_fields(ref), "--ray-version", ray.__version__]
-    if provider:
-        cmd += ["--provider", provider]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
-    if not lines:
-        raise RuntimeError(f"rayfabric-copy printed nothing (rc {out.returncode}): {out.stderr[-2000:]}")
-    result = json.loads(lines[-1])
-    if not result.get("ok"):
-        raise RuntimeError(f"rayfabric-copy failed: {result}")
-    return result
+def fingerprint_local(arr):
+    return int(arr[::4096].astype(np.uint64).sum()), int(arr[-1]), len(arr)
 
 
 def start_cluster(store_bytes):
@@ -72,15 +65,11 @@ def start_cluster(store_bytes):
         "num_cpus": 1, "resources": {"node_a": 1}, "object_store_memory": store_bytes,
         "include_dashboard": False})
     c.add_node(num_cpus=1, resources={"node_b": 1}, object_store_memory=store_bytes)
-    ray.init(address=c.address, logging_level="ERROR")
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ray.init(address=c.address, logging_level="ERROR",
+             runtime_env={"env_vars": {"PYTHONPATH": pkg_root, "RAYFABRIC_BIN_DIR": bin_dir()}})
     c.wait_for_nodes()
-    sockets = {}
-    for n in ray.nodes():
-        if n["Alive"]:
-            for name in ("node_a", "node_b"):
-                if name in n["Resources"]:
-                    sockets[name] = n["ObjectStoreSocketName"]
-    return c, sockets
+    return c
 
 
 def on(node, fn):
@@ -90,9 +79,12 @@ def on(node, fn):
 def run(size_bytes, provider=None, log=print):
     """Moves objects A->B and B->A both ways; returns a list of result dicts."""
     store_bytes = max(3 * size_bytes + (256 << 20), 512 << 20)
-    cluster, sockets = start_cluster(store_bytes)
+    cluster = start_cluster(store_bytes)
     results = []
     try:
+        agents = rayfabric.init(provider=provider, watch_new_nodes=False)
+        used = sorted({a["provider"] for a in agents.values()})
+        log(f"  agents: {len(agents)} nodes, provider {', '.join(used)}")
         for node in ("node_a", "node_b"):  # start the workers before timing anything
             ray.get(on(node, fingerprint).remote(np.zeros(8, dtype=np.uint8)))
         seed = 1
@@ -105,8 +97,10 @@ def run(size_bytes, provider=None, log=print):
                 copy = None
                 t0 = time.perf_counter()
                 if path == "rayfabric":
-                    copy = fabric_copy(ref, sockets[src], sockets[dst], provider)
-                got = ray.get(on(dst, fingerprint).remote(ref))
+                    got, fabric_bytes, reasons = ray.get(on(dst, fingerprint_via_rayfabric).remote([ref]))
+                    copy = {"fabric_bytes": fabric_bytes, "fallbacks": reasons, "provider": ", ".join(used)}
+                else:
+                    got = ray.get(on(dst, fingerprint).remote(ref))
                 seconds = time.perf_counter() - t0
                 locations = ray.experimental.get_object_locations([ref])[ref]["node_ids"]
                 r = {"direction": f"{src}->{dst}", "path": path, "bytes": size_bytes, "seconds": seconds,
@@ -114,9 +108,10 @@ def run(size_bytes, provider=None, log=print):
                      "copies": len(locations), "copy": copy}
                 results.append(r)
                 log(f"  {r['direction']:16s} {path:10s} {seconds:8.3f} s {r['gbps']:7.3f} GB/s"
-                    f"  bytes ok: {r['fingerprint_ok']}" + (f"  (fi_read {copy['read_gbps']:.2f} GB/s over {copy['provider']})" if copy else ""))
+                    f"  bytes ok: {r['fingerprint_ok']}" + (f"  ({copy['fabric_bytes'] / 2**20:.0f} MiB by fi_read over {copy['provider']})" if copy else ""))
                 del ref
     finally:
+        rayfabric.shutdown()
         ray.shutdown()
         cluster.shutdown()
     return results

@@ -1,0 +1,56 @@
+"""Opt-in transparent mode: `ray.get` of remote plasma objects goes through the local agent.
+
+In the driver:      rayfabric.transparent.enable()
+In every worker:    ray.init(..., runtime_env={"worker_process_setup_hook":
+                                              "rayfabric.transparent.enable"})
+                    (or rayfabric.transparent.runtime_env() merged into yours)
+
+Only explicit ray.get calls are routed (task arguments are still resolved by Ray itself); any
+failure falls back to Ray's path, so results are always what ray.get returns."""
+import os
+
+import ray
+
+from rayfabric import api
+
+_original_get = None
+
+
+def _get(object_refs, *, timeout=None):
+    refs = object_refs
+    if isinstance(refs, ray.ObjectRef) or (isinstance(refs, (list, tuple)) and refs and
+                                           all(isinstance(r, ray.ObjectRef) for r in refs)):
+        try:
+            api.prefetch(refs, timeout=timeout)
+        except Exception as e:  # noqa: BLE001 - never break ray.get
+            api._fallback(f"transparent prefetch failed: {type(e).__name__}: {e}")
+    return _original_get(object_refs, timeout=timeout)
+
+
+def enable():
+    """Routes ray.get through rayfabric in this process (idempotent)."""
+    global _original_get
+    if _original_get is None:
+        _original_get = api._ray_get
+        ray.get = _get
+    return True
+
+
+def disable():
+    global _original_get
+    if _original_get is not None:
+        ray.get = _original_get
+        _original_get = None
+
+
+def enabled():
+    return _original_get is not None
+
+
+def runtime_env():
+    """A runtime_env that turns transparent mode on in every worker of a job."""
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.environ.get("PYTHONPATH", "")
+    return {"worker_process_setup_hook": "rayfabric.transparent.enable",
+            "env_vars": {"PYTHONPATH": pkg_root + (os.pathsep + path if path else ""),
+                         "RAYFABRIC_BIN_DIR": __import__("rayfabric").bin_dir()}}

@@ -1,0 +1,378 @@
+"""rayfabricd + the Python package against a REAL Ray: a 3-node ray.cluster_utils.Cluster over
+loopback, one agent per node, objects moved between the nodes' plasma stores by fi_read.
+
+Nodes: n0 (head, the driver's node, 1.5 GiB store), n1 (1.5 GiB), n2 (small: 400 MiB, for the
+store-full case). Providers: RAYFABRIC_TEST_PROVIDERS (default "tcp;ofi_rxm,sockets"); the 1 GiB
+case runs on the first one only (time)."""
+import concurrent.futures
+import hashlib
+import os
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+import rayfabric
+from rayfabric import _agents
+from rayfabric import agent_pb2 as pb
+from rayfabric._client import AgentClient
+
+PROVIDERS = [p for p in os.environ.get("RAYFABRIC_TEST_PROVIDERS", "tcp;ofi_rxm,sockets").split(",") if p]
+MiB = 1 << 20
+SMALL_STORE = 400 * MiB
+# Short bounds so that fault cases end quickly: a transfer to a dead peer fails after 8 s.
+AGENT_ENV = {"RAYFABRIC_OP_TIMEOUT_MS": "8000", "RAYFABRIC_CREATE_TIMEOUT_MS": "3000"}
+
+
+@pytest.fixture(scope="module", params=PROVIDERS)
+def cluster(request):
+    pkg = os.path.join(os.path.dirname(rayfabric.__file__), "..")
+    os.environ["PYTHONPATH"] = os.path.abspath(pkg) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    os.environ["RAYFABRIC_BIN_DIR"] = rayfabric.bin_dir()
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "resources": {"n0": 100}, "object_store_memory": 1536 * MiB, "include_dashboard": False})
+    c.add_node(num_cpus=2, resources={"n1": 100}, object_store_memory=1536 * MiB)
+    c.add_node(num_cpus=2, resources={"n2": 100}, object_store_memory=SMALL_STORE)
+    ray.init(address=c.address, logging_level="ERROR")
+    c.wait_for_nodes()
+    records = rayfabric.init(provider=request.param, env=AGENT_ENV, watch_new_nodes=False)
+    nodes = {}
+    for n in ray.nodes():
+        for name in ("n0", "n1", "n2"):
+            if n["Alive"] and name in n["Resources"]:
+                nodes[name] = n["NodeID"]
+    yield {"cluster": c, "provider": request.param, "nodes": nodes, "records": records}
+    rayfabric.shutdown()
+    ray.shutdown()
+    c.shutdown()
+
+
+def on(node, fn):
+    return fn.options(resources={node: 0.01})
+
+
+def digest_of(value):
+    if isinstance(value, np.ndarray):
+        return hashlib.sha256(value.tobytes()).hexdigest()
+    if isinstance(value, pd.DataFrame):
+        return hashlib.sha256(pd.util.hash_pandas_object(value, index=True).values.tobytes()).hexdigest()
+    return hashlib.sha256(bytes(value)).hexdigest()
+
+
+def make_value(kind, nbytes, seed):
+    rng = np.random.default_rng(seed)
+    if kind == "numpy":
+        return rng.integers(0, 256, size=nbytes, dtype=np.uint8)
+    if kind == "bytes":
+        return rng.integers(0, 256, size=nbytes, dtype=np.uint8).tobytes()
+    rows = nbytes // 16
+    return pd.DataFrame({"a": rng.integers(0, 1 << 40, size=rows), "b": rng.random(rows)})
+
+
+@ray.remote(num_cpus=0)
+def produce(kind, nbytes, seed):
+    return make_value(kind, nbytes, seed)
+
+
+@ray.remote(num_cpus=0)
+def digest_task(refs):
+    return digest_of(ray.get(refs[0]))
+
+
+@ray.remote(num_cpus=0)
+class Producer:
+    def make(self, kind, nbytes, seed):
+        return make_value(kind, nbytes, seed)
+
+
+@ray.remote(num_cpus=0)
+def fetch(refs, mode="get", timeout=120):
+    """On the consumer's node: pull with rayfabric, check the objects are local BEFORE Ray is asked
+    for them (so Ray's own pull has nothing to move), then read them and hash them."""
+    import rayfabric as rf
+    here = ray.get_runtime_context().get_node_id()
+    before = rf.stats()
+    t0 = time.perf_counter()
+    if mode == "prefetch":
+        rf.prefetch(refs, timeout=timeout)
+        locs = ray.experimental.get_object_locations(refs)
+        local_before_get = [here in locs[r]["node_ids"] for r in refs]
+        values = ray.get(refs, timeout=timeout)
+    else:
+        local_before_get = None
+        values = rf.get(refs, timeout=timeout)
+    seconds = time.perf_counter() - t0
+    after = rf.stats()
+    return {"digests": [digest_of(v) for v in values], "local_before_get": local_before_get,
+            "pulled": after["objects_pulled"] - before["objects_pulled"],
+            "bytes": after["bytes_pulled"] - before["bytes_pulled"],
+            "fallbacks": after["fallbacks"] - before["fallbacks"],
+            "reasons": after["fallback_reasons"], "seconds": seconds}
+
+
+def agent_status(node_hex):
+    return rayfabric.status()["agents"][node_hex]
+
+
+def client_of(cluster, name):
+    return AgentClient(cluster["records"][cluster["nodes"][name]]["address"])
+
+
+def wait_idle(timeout=30):
+    """Every agent: no active lease, nothing pinned."""
+    deadline = time.time() + timeout
+    while True:
+        agents = rayfabric.status()["agents"]
+        busy = {n[:8]: (a.get("leases_active"), a.get("pinned_bytes")) for n, a in agents.items()
+                if a.get("alive") and (a["leases_active"] or a["pinned_bytes"])}
+        if not busy or time.time() > deadline:
+            return busy
+        time.sleep(0.2)
+
+
+def test_agents_report_the_provider(cluster):
+    st = rayfabric.status()["agents"]
+    assert set(st) == set(cluster["nodes"].values())
+    for node, a in st.items():
+        assert a["alive"], a
+        assert a["provider"] == cluster["provider"], a
+
+
+@pytest.mark.parametrize("producer", ["task", "actor", "driver"])
+@pytest.mark.parametrize("kind", ["numpy", "bytes", "dataframe"])
+def test_objects_cross_nodes_byte_identical(cluster, kind, producer):
+    sizes = [1 * MiB, 64 * MiB]
+    if producer == "driver":
+        refs = [ray.put(make_value(kind, s, i)) for i, s in enumerate(sizes)]  # on n0, the driver's node
+        src, dst = "n0", "n1"
+    elif producer == "actor":
+        actor = on("n1", Producer).remote()
+        refs = [actor.make.remote(kind, s, i) for i, s in enumerate(sizes)]
+        src, dst = "n1", "n0"
+    else:
+        refs = [on("n1", produce).remote(kind, s, i) for i, s in enumerate(sizes)]
+        src, dst = "n1", "n0"
+    ray.wait(refs, num_returns=len(refs), fetch_local=False, timeout=120)
+    expected = [ray.get(on(src, digest_task).remote([r])) for r in refs]
+    dst_node = cluster["nodes"][dst]
+    before = agent_status(dst_node)
+    out = ray.get(on(dst, fetch).remote(refs, "prefetch"))
+    after = agent_status(dst_node)
+    assert out["digests"] == expected
+    assert out["local_before_get"] == [True] * len(refs), "Ray had to move the bytes itself"
+    assert out["pulled"] == len(refs) and out["fallbacks"] == 0, out
+    sizes_in_plasma = sum(ray.experimental.get_object_locations(refs)[r]["object_size"] for r in refs)
+    assert after["bytes_pulled"] - before["bytes_pulled"] == sizes_in_plasma
+    assert after["fabric_bytes_read"] - before["fabric_bytes_read"] == sizes_in_plasma
+    del refs
+    assert wait_idle() == {}
+
+
+def test_one_gib_numpy(cluster):
+    if cluster["provider"] != PROVIDERS[0]:
+        pytest.skip("1 GiB runs on the first provider only (time)")
+    ref = on("n1", produce).remote("numpy", 1024 * MiB, 7)
+    ray.wait([ref], fetch_local=False, timeout=300)
+    expected = ray.get(on("n1", digest_task).remote([ref]))
+    out = ray.get(on("n0", fetch).remote([ref], "prefetch", 300))
+    assert out["digests"] == [expected]
+    assert out["local_before_get"] == [True]
+    assert out["bytes"] >= 1024 * MiB
+    print(f"\n1 GiB over {cluster['provider']}: {out['seconds']:.2f} s")
+
+
+def test_64_concurrent_gets(cluster):
+    refs = [on("n1", produce).remote("numpy", 1 * MiB, 100 + i) for i in range(64)]
+    ray.wait(refs, num_returns=64, fetch_local=False, timeout=120)
+    expected = ray.get([on("n1", digest_task).remote([r]) for r in refs])
+
+    @ray.remote(num_cpus=0)
+    def concurrent(refs):
+        import rayfabric as rf
+        with concurrent_pool(64) as pool:
+            values = list(pool.map(lambda r: rf.get(r, timeout=120), refs))
+        return [digest_of(v) for v in values], rf.stats()
+
+    digests, st = ray.get(on("n0", concurrent).remote(refs))
+    assert digests == expected
+    assert st["objects_pulled"] >= 64 and st["fallbacks"] == 0, st
+    del refs
+    assert wait_idle() == {}
+
+
+def concurrent_pool(n):
+    return concurrent.futures.ThreadPoolExecutor(n)
+
+
+def test_same_object_pulled_by_two_nodes_at_once(cluster):
+    ref = ray.put(make_value("numpy", 32 * MiB, 55))  # on n0
+    expected = digest_of(make_value("numpy", 32 * MiB, 55))
+    def granted():
+        return sum(a["leases_granted"] for a in rayfabric.status()["agents"].values())
+    before = granted()
+    a = on("n1", fetch).remote([ref])
+    b = on("n2", fetch).remote([ref])
+    outs = ray.get([a, b])
+    assert [o["digests"] for o in outs] == [[expected], [expected]]
+    # Each node got its copy by the fabric (from n0, or from the node that finished first).
+    assert [(o["pulled"], o["fallbacks"]) for o in outs] == [(1, 0), (1, 0)], outs
+    assert granted() - before == 2
+    del ref
+    assert wait_idle() == {}
+
+
+def test_forged_and_expired_leases(cluster):
+    ref = ray.put(make_value("bytes", 2 * MiB, 9))  # on n0
+    c = client_of(cluster, "n0")
+    granted = c.lease([ref.binary()], ttl_ms=60000).leases[0]
+    assert granted.error_code == "" and granted.data_size > 0
+    forged = c.release([(granted.lease_id, b"\x00" * 16)])
+    assert forged.error_codes == ["PermissionDenied"], forged
+    assert "token does not match" in forged.errors[0]
+    guessed = c.release([(granted.lease_id + 1000, granted.token)])
+    assert guessed.error_codes == ["NotFound"]
+    assert c.release([(granted.lease_id, granted.token)]).error_codes == [""]
+    assert c.release([(granted.lease_id, granted.token)]).error_codes == ["NotFound"]
+    # An unreleased lease expires and its object is unpinned.
+    before = agent_status(cluster["nodes"]["n0"])
+    short = c.lease([ref.binary()], ttl_ms=200).leases[0]
+    assert short.error_code == ""
+    time.sleep(1.0)
+    after = agent_status(cluster["nodes"]["n0"])
+    assert after["leases_expired"] - before["leases_expired"] == 1
+    assert after["pinned_bytes"] == 0 and after["leases_active"] == 0
+    late = c.release([(short.lease_id, short.token)])
+    assert late.error_codes == ["NotFound"] and "expired" in late.errors[0]
+    # An object the store does not have is refused with a reason, not pinned.
+    missing = c.lease([b"\x01" * 28]).leases[0]
+    assert missing.error_code == "NotFound", missing
+    bad = c.lease([b"short"]).leases[0]
+    assert bad.error_code == "InvalidArgument" and "28 bytes" in bad.error
+    del ref
+
+
+def test_malformed_and_wrong_version_requests(cluster):
+    import grpc
+    c = client_of(cluster, "n1")
+    before = c.status()
+    with pytest.raises(grpc.RpcError) as garbage:
+        c.raw_call("Pull", b"\xff\xfe\xfd garbage that is not a PullRequest")
+    assert garbage.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT)
+    with pytest.raises(grpc.RpcError) as version:
+        c.lease([b"\x01" * 28], protocol_version=7)
+    assert version.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "protocol_version 7" in version.value.details()
+    with pytest.raises(grpc.RpcError) as empty:
+        c._pull(pb.PullRequest(protocol_version=1), timeout=10)
+    assert empty.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    bad = c.pull([pb.PullItem(object_id=b"xx", source_agent="127.0.0.1:1")], 5)
+    assert bad.results[0].outcome == pb.FAILED and bad.results[0].error_code == "InvalidArgument"
+    unreachable = c.pull([pb.PullItem(object_id=b"\x02" * 28, source_agent="127.0.0.1:1")], 5)
+    assert unreachable.results[0].outcome == pb.FAILED
+    assert unreachable.results[0].error_code == "Unavailable", unreachable.results[0]
+    after = c.status()
+    assert after.requests_rejected - before.requests_rejected == 2
+    # And it keeps serving real pulls.
+    ref = on("n0", produce).remote("numpy", 4 * MiB, 77)
+    ray.wait([ref], fetch_local=False)
+    out = ray.get(on("n1", fetch).remote([ref]))
+    assert out["pulled"] == 1 and out["digests"] == [digest_of(make_value("numpy", 4 * MiB, 77))]
+
+
+def test_store_full_falls_back_to_ray(cluster):
+    # 512 MiB can never fit in n2's 400 MiB store: the agent refuses at once (ResourceExhausted)
+    # and Ray's own path delivers it (from a disk-backed fallback allocation).
+    ref = on("n1", produce).remote("numpy", 512 * MiB, 21)
+    ray.wait([ref], fetch_local=False, timeout=120)
+    expected = ray.get(on("n1", digest_task).remote([ref]))
+    t0 = time.time()
+    out = ray.get(on("n2", fetch).remote([ref]), timeout=300)
+    assert out["digests"] == [expected]
+    assert out["pulled"] == 0 and out["fallbacks"] == 1
+    assert any("ResourceExhausted" in r for r in out["reasons"]), out["reasons"]
+    assert time.time() - t0 < 120
+    assert agent_status(cluster["nodes"]["n2"])["alive"]
+    del ref
+    assert wait_idle() == {}
+
+
+def test_agent_killed_mid_transfer(cluster):
+    # Kill the SOURCE agent while it holds the lease of an object being read (polled from its
+    # status); the get must still return the right bytes (Ray's path), within bounds.
+    src_node = cluster["nodes"]["n1"]
+    src_actor = _agents.actor_of(src_node)
+    for attempt in range(3):
+        ref = on("n1", produce).remote("numpy", 1024 * MiB, 31 + attempt)
+        ray.wait([ref], fetch_local=False, timeout=120)
+        expected = ray.get(on("n1", digest_task).remote([ref]))
+        src = AgentClient(_agents.published()[src_node]["address"])
+        pending = on("n0", fetch).remote([ref], "get", 120)
+        deadline = time.time() + 60
+        while time.time() < deadline and src.status().leases_active == 0:
+            time.sleep(0.01)
+        killed_mid_transfer = src.status().leases_active > 0
+        assert ray.get(src_actor.kill_agent.remote()) != 0
+        t0 = time.time()
+        out = ray.get(pending, timeout=180)
+        assert out["digests"] == [expected]
+        assert out["pulled"] + out["fallbacks"] == 1
+        assert time.time() - t0 < 120
+        print(f"\nagent killed (lease active: {killed_mid_transfer}): pulled {out['pulled']} "
+              f"fallbacks {out['fallbacks']} in {out['seconds']:.1f} s: {list(out['reasons'])[-1:]}")
+        # The consumer's agent keeps serving; the killed one comes back.
+        assert agent_status(cluster["nodes"]["n0"])["alive"]
+        ray.get(src_actor.restart.remote())
+        del ref
+        if killed_mid_transfer and out["fallbacks"] == 1:
+            break
+    else:
+        pytest.fail("could not kill the agent while a transfer was in flight in 3 attempts")
+    cluster["records"] = _agents.published()
+    ref2 = on("n1", produce).remote("numpy", 8 * MiB, 32)
+    ray.wait([ref2], fetch_local=False)
+    again = ray.get(on("n0", fetch).remote([ref2]))
+    assert again["pulled"] == 1, again
+    assert wait_idle() == {}
+
+
+def test_transparent_ray_get(cluster):
+    ref = on("n1", produce).remote("numpy", 16 * MiB, 41)
+    ray.wait([ref], fetch_local=False)
+
+    @ray.remote(num_cpus=0)
+    def transparent_get(refs):
+        import rayfabric as rf
+        import rayfabric.transparent as t
+        t.enable()
+        try:
+            before = rf.stats()["objects_pulled"]
+            value = ray.get(refs[0])
+            return digest_of(value), rf.stats()["objects_pulled"] - before
+        finally:
+            t.disable()
+
+    digest, pulled = ray.get(on("n0", transparent_get).remote([ref]))
+    assert digest == digest_of(make_value("numpy", 16 * MiB, 41))
+    assert pulled == 1
+
+
+def test_source_node_removed_fails_as_ray_would(cluster):
+    # Last: it takes n2 away. The object's only copy (and its owner, an actor) die with the node:
+    # rayfabric.get raises what ray.get raises, promptly.
+    actor = on("n2", Producer).remote()
+    ref = actor.make.remote("numpy", 8 * MiB, 61)
+    ray.wait([ref], fetch_local=False, timeout=60)
+    n2 = next(n for n in cluster["cluster"].worker_nodes
+              if n.node_id == cluster["nodes"]["n2"])
+    cluster["cluster"].remove_node(n2)
+    with pytest.raises(ray.exceptions.RayError):
+        rayfabric.get(ref, timeout=60)
+    with pytest.raises(ray.exceptions.RayError):
+        ray.get(ref, timeout=60)
+    # The other agents still serve.
+    ref2 = on("n1", produce).remote("numpy", 4 * MiB, 62)
+    ray.wait([ref2], fetch_local=False)
+    assert ray.get(on("n0", fetch).remote([ref2]))["pulled"] == 1
