@@ -34,6 +34,29 @@ struct ProviderProfile {
   size_t rma_iov_limit = 1;
   bool manual_progress = true;  // the target must drive progress for one-sided ops to finish
   bool thread_safe = false;
+
+  // Key lifetime, decided once from the provider's name and the user's FI_* variables (read,
+  // never set; see ProfileFromInfo). The lease design relies on these: a descriptor handed out for
+  // a region must stop working when the region is deregistered, or the lease is only advisory.
+  //
+  // checks_remote_keys: the TARGET provider refuses RMA with a key it never handed out. False for
+  //   shm: libfabric's shm provider reads and writes the peer with process_vm_readv/writev (CMA)
+  //   and never looks at the key; only the OS (same uid / ptrace rights) protects the memory.
+  // mr_cache: registrations go through libfabric's util MR cache (prov/util/src/util_mr_cache.c):
+  //   fi_close(mr) only drops a reference and the ibv MR stays registered (LRU, up to
+  //   FI_MR_CACHE_MAX_COUNT=1024 entries) until the cache is full or the memory monitor sees the
+  //   pages unmapped. verbs (every domain, hence verbs;ofi_rxm and verbs;ofi_rxd) uses it unless
+  //   FI_MR_CACHE_MAX_COUNT=0 or FI_MR_CACHE_MONITOR=disabled; efa uses its own instance of it
+  //   unless the domain runs with FI_MR_LOCAL (rayfabric asks for it) or FI_EFA_MR_CACHE_ENABLE=0.
+  // deregistration_revokes_keys: a peer holding the key of a region that was deregistered here
+  //   can no longer read or write it. True only where that is known: the provider checks keys and
+  //   does not cache registrations. False where the key stays usable (MR cache, shm) or where we
+  //   do not know (unranked providers): never rely on revocation then; leases still bound what is
+  //   handed out, but only unmapping the memory really ends access.
+  bool checks_remote_keys = true;
+  bool mr_cache = false;
+  bool deregistration_revokes_keys = true;
+  std::string key_lifetime;  // one line: why deregistration_revokes_keys has its value
 };
 
 // One provider/domain libfabric offered, and what we made of it.

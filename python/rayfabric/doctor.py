@@ -2,14 +2,16 @@
 
 Pure Python 3.11 standard library; runs without Ray or rayfabric built. Usage:
 
-    python3 -m rayfabric.doctor [--json] [--store-bytes SIZE] [--fi-info PATH]
+    python3 -m rayfabric.doctor [--json] [--json-file PATH] [--store-bytes SIZE] [--fi-info PATH]
     python3 python/rayfabric/doctor.py ...        # same, without installing anything
 
 It reports
   * libfabric: version, providers (`fi_info -l`), the RDM endpoints that can do RMA
     (`fi_info -t FI_EP_RDM -c FI_RMA`) grouped by provider and domain;
-  * the engine's own provider selection (`engine_selection()`: runs
-    `rayfabric-fabric-info --json` from $RAYFABRIC_BIN_DIR or PATH; 'not available' otherwise);
+  * the engine's own provider selection (`engine_selection()`: runs the C++ tool
+    `rayfabric-fabric-info --json` from rayfabric.bin_dir() - $RAYFABRIC_BIN_DIR, else the
+    source tree's build/, directly or under tools/fabric_info/ - or PATH), checked against what
+    fi_info offers, and whether its RMA keys die with deregistration;
   * RDMA devices in /sys/class/infiniband: ports, state, link layer, rate, netdev, driver;
   * EFA: efa devices there, and `fi_info -p efa`;
   * RLIMIT_MEMLOCK against the plasma store size (--store-bytes; default: the plasma size
@@ -505,33 +507,130 @@ def ray_store_bytes(env: Mapping[str, str] = os.environ, proc: str = "/proc") ->
 
 # ----------------------------------------------------------------------------- engine hook
 
+ENGINE_TOOL = "rayfabric-fabric-info"
+ENGINE_TOOL_SUBDIR = os.path.join("tools", "fabric_info")   # where meson builds it under the build root
+ENGINE_SETTINGS = ("RAYFABRIC_PROVIDER", "RAYFABRIC_DOMAIN", "RAYFABRIC_REQUIRE_RDMA", "FI_PROVIDER")
+
+
+def default_bin_dir(env: Mapping[str, str] = os.environ) -> str:
+    """rayfabric.bin_dir(): $RAYFABRIC_BIN_DIR, else the source tree's build/ (this file is
+    python/rayfabric/doctor.py). Repeated here (not imported) so that the doctor runs as a plain
+    script, without the package on sys.path."""
+    if env.get("RAYFABRIC_BIN_DIR"):
+        return env["RAYFABRIC_BIN_DIR"]
+    return os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build"))
+
+
+def find_engine_tool(env: Mapping[str, str] = os.environ) -> tuple[str | None, list[str]]:
+    """(path or None, places looked at): bin_dir()/ and bin_dir()/tools/fabric_info/, then PATH."""
+    base = default_bin_dir(env)
+    looked = [os.path.join(base, ENGINE_TOOL), os.path.join(base, ENGINE_TOOL_SUBDIR, ENGINE_TOOL)]
+    for cand in looked:
+        if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand, looked
+    looked.append("PATH")
+    return shutil.which(ENGINE_TOOL, path=env.get("PATH")), looked
+
+
 def engine_selection(env: Mapping[str, str] = os.environ, timeout: float = 60) -> dict[str, Any]:
     """What the C++ engine itself would choose: `rayfabric-fabric-info --json`.
 
-    Looked up in $RAYFABRIC_BIN_DIR, then PATH. Returns {"available": False, "reason": ...}
-    when there is no such binary (yet) or it fails; otherwise {"available": True,
-    "binary": path, "selection": <its JSON>}.
+    Looked up in rayfabric.bin_dir() ($RAYFABRIC_BIN_DIR, else the source tree's build/; the
+    binary itself or tools/fabric_info/ under it), then PATH. It runs the engine's own provider
+    selection with `env` (RAYFABRIC_PROVIDER, RAYFABRIC_DOMAIN, RAYFABRIC_REQUIRE_RDMA, FI_*).
+    Returns {"available": True, "binary": path, "selection": <its JSON>}, or {"available": False,
+    "reason": "not available: ...", "status": "missing" | "failed" | "error", ...}: missing = no
+    binary; failed = it ran and found no provider (exit 1, the engine's message); error = it could
+    not run, timed out, died, or printed no JSON.
     """
-    name = "rayfabric-fabric-info"
-    path = None
-    bin_dir = env.get("RAYFABRIC_BIN_DIR")
-    if bin_dir and os.access(os.path.join(bin_dir, name), os.X_OK):
-        path = os.path.join(bin_dir, name)
+    path, looked = find_engine_tool(env)
     if path is None:
-        path = shutil.which(name, path=env.get("PATH"))
-    if path is None:
-        return {"available": False, "reason": f"not available: no {name} in RAYFABRIC_BIN_DIR or PATH"}
+        return {"available": False, "status": "missing",
+                "reason": f"not available: no {ENGINE_TOOL} in RAYFABRIC_BIN_DIR or PATH (looked in "
+                          f"{', '.join(looked)})"}
     try:
-        p = subprocess.run([path, "--json"], capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return {"available": False, "binary": path, "reason": f"not available: {name} failed: {e}"}
+        p = subprocess.run([path, "--json"], capture_output=True, text=True, timeout=timeout, env=dict(env))
+    except subprocess.TimeoutExpired:
+        return {"available": False, "status": "error", "binary": path,
+                "reason": f"not available: {ENGINE_TOOL} failed: timed out after {timeout:.0f} s"}
+    except OSError as e:
+        return {"available": False, "status": "error", "binary": path,
+                "reason": f"not available: {ENGINE_TOOL} failed: {e}"}
+    err = p.stderr.strip()[-1000:]
+    if p.returncode == 1:
+        return {"available": False, "status": "failed", "binary": path, "message": err,
+                "reason": f"not available: {ENGINE_TOOL} exited 1: {err}"}
     if p.returncode != 0:
-        return {"available": False, "binary": path,
-                "reason": f"not available: {name} exited {p.returncode}: {p.stderr.strip()[-300:]}"}
+        how = f"killed by signal {-p.returncode}" if p.returncode < 0 else f"exited {p.returncode}"
+        return {"available": False, "status": "error", "binary": path,
+                "reason": f"not available: {ENGINE_TOOL} {how}: {err}"}
     try:
         return {"available": True, "binary": path, "selection": json.loads(p.stdout)}
     except ValueError:
-        return {"available": False, "binary": path, "reason": f"not available: {name} printed no JSON"}
+        return {"available": False, "status": "error", "binary": path,
+                "reason": f"not available: {ENGINE_TOOL} printed no JSON"}
+
+
+def check_engine(es: Mapping[str, Any], rdma_offered: bool, env: Mapping[str, str] = os.environ) -> list[Finding]:
+    """The engine's own choice against what fi_info offers, and what its keys are worth.
+
+    rdma_offered: fi_info lists an RDMA provider with an RDM+RMA endpoint and no other finding
+    is an error (the node looks RDMA-capable).
+    """
+    if not es.get("available"):
+        status = es.get("status", "missing")
+        if status == "missing":
+            return [Finding(INFO, "engine-tool-missing",
+                            f"cannot ask the engine which provider it would choose: {es['reason']}",
+                            "build rayfabric (`ninja -C build` builds build/tools/fabric_info/"
+                            f"{ENGINE_TOOL}) or point RAYFABRIC_BIN_DIR at the build directory")]
+        if status == "failed":
+            set_vars = [f"{v}={env[v]}" for v in ENGINE_SETTINGS if env.get(v)]
+            return [Finding(ERROR, "engine-selection-failed",
+                            f"the engine would not start here: {es.get('message') or es['reason']}",
+                            ("unset or fix " + ", ".join(set_vars) if set_vars else
+                             "fix the device/libfabric findings above")
+                            + f"; `{ENGINE_TOOL}` shows the candidates it saw")]
+        return [Finding(WARNING, "engine-tool-error",
+                        f"{es['reason']}: the engine's own choice is unknown",
+                        f"run `{es.get('binary', ENGINE_TOOL)} --json` by hand; rebuild rayfabric "
+                        "(`ninja -C build`) if it crashes")]
+    sel = es["selection"]
+    out: list[Finding] = []
+    prov, dom = sel.get("provider", "?"), sel.get("domain", "?")
+    if rdma_offered and not sel.get("rdma"):
+        asked = [f"{v}={env[v]}" for v in ENGINE_SETTINGS if env.get(v)]
+        if asked:
+            out.append(Finding(WARNING, "engine-not-rdma",
+                               f"RDMA is offered here, but the engine chooses {prov} on {dom} (not RDMA) because "
+                               f"{', '.join(asked)} asks for it",
+                               "unset " + ", ".join(a.split("=")[0] for a in asked) + " to let rayfabric use RDMA"))
+        else:
+            out.append(Finding(ERROR, "engine-not-rdma",
+                               f"fi_info offers RDMA, but the engine chooses {prov} on {dom} (not RDMA): "
+                               f"{sel.get('reason', '')}",
+                               "rayfabric may be linked against another libfabric than this fi_info (check "
+                               f"`ldd {es.get('binary', ENGINE_TOOL)} | grep fabric`; build with "
+                               "-Dlibfabric_prefix=... and pass --fi-info from the same prefix)"))
+    if sel.get("deregistration_revokes_keys") is False:
+        life = sel.get("key_lifetime", "")
+        core = prov.split(";")[0]
+        if sel.get("mr_cache"):
+            var = "FI_EFA_MR_CACHE_ENABLE=0" if core == "efa" else "FI_MR_CACHE_MAX_COUNT=0"
+            out.append(Finding(WARNING, "keys-outlive-deregistration",
+                               f"{prov}: a deregistered region's key keeps working ({life})",
+                               f"for multi-tenant nodes or the per-object registration mode, export {var} for "
+                               "rayfabricd (rayfabric registers the plasma store once, so the cache buys little)"))
+        elif sel.get("checks_remote_keys") is False:
+            out.append(Finding(WARNING, "keys-outlive-deregistration",
+                               f"{prov}: RMA keys are not checked at all ({life})",
+                               "shm reaches only processes on this host of the same user; do not share the node "
+                               "between tenants with one uid"))
+        else:
+            out.append(Finding(INFO, "keys-outlive-deregistration",
+                               f"{prov}: whether deregistration revokes keys is not known ({life})",
+                               "treat keys as valid until the memory is unmapped"))
+    return out
 
 
 # ----------------------------------------------------------------------------- report
@@ -556,12 +655,22 @@ def diagnose(*, sysfs: str = SYSFS_IB, dev_dir: str = "/dev/infiniband", fi_info
     entries = [] if rdm_run.nodata else parse_fi_info(rdm_run.out)
     by_prov = rdm_domains(entries)
     rdma_sel = {p: d for p, d in by_prov.items() if is_rdma_provider(p)}
+    es = engine_selection(env)
+    findings += check_engine(es, bool(rdma_sel) and not any(f.severity == ERROR for f in findings), env)
     usable = not any(f.severity == ERROR for f in findings)
+    engine = ""
+    if es["available"]:
+        sel = es["selection"]
+        engine = f"; the engine chooses {sel.get('provider')} on {sel.get('domain')}"
     efa_devs = [d.name for d in devices or [] if d.is_efa]
     return {
         "rdma_usable": usable,
-        "verdict": ("RDMA usable: " + "; ".join(f"{p} on {', '.join(d)}" for p, d in rdma_sel.items()) if usable
-                    else "RDMA NOT usable on this node: rayfabric would use a TCP provider (or Ray's own path)"),
+        "verdict": ("RDMA usable: " + "; ".join(f"{p} on {', '.join(d)}" for p, d in rdma_sel.items()) + engine
+                    if usable
+                    else "RDMA NOT usable on this node: rayfabric would use " + (
+                        f"{es['selection'].get('provider')} on {es['selection'].get('domain')}"
+                        + ("" if es["selection"].get("rdma") else " (not RDMA)") if es["available"]
+                        else "a TCP provider") + " (or Ray's own path)"),
         "findings": [f.to_dict() for f in findings],
         "libfabric": {
             "fi_info": fi,
@@ -570,7 +679,7 @@ def diagnose(*, sysfs: str = SYSFS_IB, dev_dir: str = "/dev/infiniband", fi_info
             "providers": parse_fi_info_list(list_run.out) if list_run.rc == 0 else [],
             "rdm_rma_domains": by_prov,
         },
-        "engine_selection": engine_selection(env),
+        "engine_selection": es,
         "rdma_devices": None if devices is None else [dataclasses.asdict(d) for d in devices],
         "efa": {"devices": efa_devs,
                 "libfabric_efa": bool(efa_run.rc == 0 and parse_fi_info(efa_run.out)),
@@ -596,7 +705,21 @@ def render_text(r: Mapping[str, Any]) -> str:
     if not lf["rdm_rma_domains"]:
         L.append("    none")
     es = r["engine_selection"]
-    L.append("engine choice  " + (json.dumps(es["selection"]) if es["available"] else es["reason"]))
+    if es["available"]:
+        sel = es["selection"]
+        L.append(f"engine choice  {sel.get('provider')} on {sel.get('domain')} "
+                 f"({'RDMA' if sel.get('rdma') else 'not RDMA'}; {es['binary']})")
+        L.append(f"  why          {sel.get('reason', '')}")
+        if "deregistration_revokes_keys" in sel:
+            L.append(f"  keys         checked: {'yes' if sel.get('checks_remote_keys') else 'NO'}, revoked by "
+                     f"deregistration: {'yes' if sel['deregistration_revokes_keys'] else 'NO'} "
+                     f"({sel.get('key_lifetime', '')})")
+        others = [f"{c.get('provider')}/{c.get('domain')}" for c in sel.get("candidates", [])
+                  if c.get("verdict") != "chosen"]
+        if others:
+            L.append(f"  passed over  {', '.join(others)}")
+    else:
+        L.append("engine choice  " + es["reason"])
     devs = r["rdma_devices"]
     if devs is None:
         L.append(f"RDMA devices   none ({SYSFS_IB} does not exist)")
@@ -635,6 +758,7 @@ def render_text(r: Mapping[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="rayfabric doctor", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    ap.add_argument("--json-file", metavar="PATH", help="also write the JSON report to PATH (keeps the text output)")
     ap.add_argument("--store-bytes", help="plasma store size to check memlock against (e.g. 2G); "
                     "default: the running Ray session's plasma size (from its raylet log)")
     ap.add_argument("--huge-pages", action="store_true", help="plasma will use hugepages: check they are reserved "
@@ -656,6 +780,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     r = diagnose(sysfs=a.sysfs, dev_dir=a.dev_dir, fi_info=a.fi_info, store_bytes=store, store_source=source,
                  want_huge=want_huge)
     print(json.dumps(r, indent=2) if a.json else render_text(r))
+    if a.json_file:
+        Path(a.json_file).write_text(json.dumps(r, indent=2) + "\n")
     return 0 if r["rdma_usable"] else 1
 
 

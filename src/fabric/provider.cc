@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <strings.h>
 
 #include "fabric/fabric_error.h"
 
@@ -47,6 +48,82 @@ const ProviderRank* FindRank(const std::string& name) {
 }
 
 bool IsLoopbackDomain(const std::string& domain) { return domain == "lo"; }
+
+// libfabric reads its own FI_* variables with strtol(s, NULL, 0) and a bool parser that takes
+// 0/false/no/off and 1/true/yes/on (src/var.c); these mirror it. We only read them.
+const char* FiEnv(const char* name) { return std::getenv(name); }
+
+int FiEnvBool(const char* name, int fallback) {
+  const char* v = FiEnv(name);
+  if (v == nullptr) return fallback;
+  for (const char* f : {"0", "false", "no", "off"}) {
+    if (strcasecmp(v, f) == 0) return 0;
+  }
+  for (const char* t : {"1", "true", "yes", "on"}) {
+    if (strcasecmp(v, t) == 0) return 1;
+  }
+  return fallback;  // libfabric ignores a value it cannot parse
+}
+
+// Fills the key-lifetime fields of `p` (see ProviderProfile) from the provider's name components
+// and the user's FI_* variables, as libfabric 1.17 decides it (the same code paths are in 1.18 -
+// 1.20): verbs_domain.c / verbs_mr.c (ofi_mr_cache_init; a NULL system monitor means no cache),
+// util_mr_cache.c (max_cnt == 0 -> no cache), util_mem_monitor.c (FI_MR_CACHE_MAX_COUNT,
+// FI_MR_CACHE_MONITOR=disabled), efa_domain.c (cache only without FI_MR_LOCAL and with
+// FI_EFA_MR_CACHE_ENABLE), rxd_cq.c / tcpx_progress.c / xnet_progress.c / sock_progress.c (the
+// target verifies the key in a map fi_close() removes it from), shm (no key check at all).
+void DecideKeyLifetime(ProviderProfile& p) {
+  const std::string& name = p.provider;
+  const size_t semi = name.find(';');
+  const std::string core = name.substr(0, semi);
+  const std::string util = semi == std::string::npos ? "" : name.substr(semi + 1);
+  p.checks_remote_keys = true;
+  p.mr_cache = false;
+  if (util == "ofi_rxd") {
+    // rxd emulates RMA with messages and verifies its own keys (ofi_mr_verify on its util MR map);
+    // the core provider's registrations are rxd's bounce buffers, never a user key.
+    p.deregistration_revokes_keys = true;
+    p.key_lifetime = "ofi_rxd verifies its own keys; fi_close() removes them at once";
+  } else if (core == "verbs") {
+    const char* max_count = FiEnv("FI_MR_CACHE_MAX_COUNT");
+    const char* monitor = FiEnv("FI_MR_CACHE_MONITOR");
+    if (max_count != nullptr && std::strtol(max_count, nullptr, 0) == 0) {
+      p.key_lifetime = "verbs MR cache off (FI_MR_CACHE_MAX_COUNT=" + std::string(max_count) +
+                       "): fi_close() deregisters the ibv MR at once";
+    } else if (monitor != nullptr && std::strcmp(monitor, "disabled") == 0) {
+      p.key_lifetime = "verbs MR cache off (FI_MR_CACHE_MONITOR=disabled): fi_close() deregisters the ibv MR at once";
+    } else {
+      p.mr_cache = true;
+      p.key_lifetime = "verbs registers through libfabric's MR cache: after fi_close() the ibv MR and its key "
+                       "stay valid until the cache evicts it (FI_MR_CACHE_MAX_COUNT, default 1024) or the pages "
+                       "are unmapped; set FI_MR_CACHE_MAX_COUNT=0 to make deregistration revoke keys";
+    }
+    p.deregistration_revokes_keys = !p.mr_cache;
+  } else if (core == "efa") {
+    if (p.local_desc) {
+      p.key_lifetime = "efa with FI_MR_LOCAL opens no MR cache: fi_close() deregisters at once";
+    } else if (FiEnvBool("FI_EFA_MR_CACHE_ENABLE", 1) == 0) {
+      p.key_lifetime = "efa MR cache off (FI_EFA_MR_CACHE_ENABLE=0): fi_close() deregisters at once";
+    } else {
+      p.mr_cache = true;
+      p.key_lifetime = "efa without FI_MR_LOCAL registers through libfabric's MR cache: keys outlive fi_close() "
+                       "until evicted; set FI_EFA_MR_CACHE_ENABLE=0 to make deregistration revoke keys";
+    }
+    p.deregistration_revokes_keys = !p.mr_cache;
+  } else if (core == "shm") {
+    p.checks_remote_keys = false;
+    p.deregistration_revokes_keys = false;
+    p.key_lifetime = "shm never checks RMA keys (process_vm_readv/writev): any same-host peer with the address "
+                     "can access the memory while it is mapped, registered or not";
+  } else if (core == "tcp" || core == "net" || core == "sockets") {
+    p.deregistration_revokes_keys = true;
+    p.key_lifetime = core + " verifies keys in its MR map; fi_close() removes them at once";
+  } else {
+    // psm2, psm3, opx, cxi, usnic, ...: not checked against their sources; do not promise.
+    p.deregistration_revokes_keys = false;
+    p.key_lifetime = "not known for provider " + name + ": assume a deregistered key may stay valid";
+  }
+}
 
 std::string JsonEscape(const std::string& s) {
   std::string out;
@@ -98,6 +175,7 @@ ProviderProfile ProfileFromInfo(const struct fi_info* info) {
   p.rma_iov_limit = info->tx_attr->rma_iov_limit;
   p.manual_progress = info->domain_attr->data_progress != FI_PROGRESS_AUTO;
   p.thread_safe = info->domain_attr->threading == FI_THREAD_SAFE;
+  DecideKeyLifetime(p);
   return p;
 }
 
@@ -195,6 +273,9 @@ std::string ProviderReport::ToString() const {
      << " key_size=" << p.key_size << " max_msg_size=" << p.max_msg_size
      << " rma_iov_limit=" << p.rma_iov_limit
      << " progress=" << (p.manual_progress ? "manual" : "auto") << "\n";
+  os << "  keys: checked=" << (p.checks_remote_keys ? "yes" : "NO") << " mr_cache=" << (p.mr_cache ? "yes" : "no")
+     << " deregistration_revokes_keys=" << (p.deregistration_revokes_keys ? "yes" : "NO") << " (" << p.key_lifetime
+     << ")\n";
   for (const auto& c : candidates) {
     os << "  candidate " << c.provider << "/" << c.domain << " rank " << c.rank
        << (c.rdma ? " rdma" : "") << ": " << c.verdict << "\n";
@@ -210,7 +291,11 @@ std::string ProviderReport::ToJson() const {
      << ",\"reason\":\"" << JsonEscape(reason) << "\",\"mr_mode\":" << p.mr_mode
      << ",\"key_size\":" << p.key_size << ",\"max_msg_size\":" << p.max_msg_size
      << ",\"rma_iov_limit\":" << p.rma_iov_limit
-     << ",\"manual_progress\":" << (p.manual_progress ? "true" : "false") << ",\"candidates\":[";
+     << ",\"manual_progress\":" << (p.manual_progress ? "true" : "false")
+     << ",\"checks_remote_keys\":" << (p.checks_remote_keys ? "true" : "false")
+     << ",\"mr_cache\":" << (p.mr_cache ? "true" : "false")
+     << ",\"deregistration_revokes_keys\":" << (p.deregistration_revokes_keys ? "true" : "false")
+     << ",\"key_lifetime\":\"" << JsonEscape(p.key_lifetime) << "\",\"candidates\":[";
   for (size_t i = 0; i < candidates.size(); ++i) {
     const auto& c = candidates[i];
     os << (i ? "," : "") << "{\"provider\":\"" << JsonEscape(c.provider) << "\",\"domain\":\""

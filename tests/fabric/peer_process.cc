@@ -162,6 +162,10 @@ int PeerMain(int argc, char** argv) {
     if (cmd == "QUIT") break;
     if (cmd == "PING") {
       std::cout << "PONG" << std::endl;
+    } else if (cmd == "KEYS") {  // this (target) process's key-lifetime profile
+      const fabric::ProviderProfile& pr = (*engine)->profile();
+      std::cout << "KEYS checks=" << pr.checks_remote_keys << " mr_cache=" << pr.mr_cache
+                << " revokes=" << pr.deregistration_revokes_keys << std::endl;
     } else if (cmd == "DEREG") {
       mr.reset();
       std::cout << "OK" << std::endl;

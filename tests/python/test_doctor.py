@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import shutil
 import stat
@@ -469,11 +470,98 @@ def test_engine_selection_runs_the_binary(tmp_path):
 
 
 def test_engine_selection_failing_binary(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "RAYFABRIC_BIN_DIR": str(empty)}   # found on PATH
     _exe(tmp_path / "rayfabric-fabric-info", "echo 'fi_getinfo failed' >&2; exit 1\n")
-    r = doctor.engine_selection({"PATH": f"{tmp_path}:/usr/bin:/bin"})
-    assert r["available"] is False and "exited 1" in r["reason"] and "fi_getinfo failed" in r["reason"]
+    r = doctor.engine_selection(env)
+    assert r["available"] is False and r["status"] == "failed"
+    assert "exited 1" in r["reason"] and r["message"] == "fi_getinfo failed"
     _exe(tmp_path / "rayfabric-fabric-info", "echo not json\n")
-    assert "no JSON" in doctor.engine_selection({"PATH": f"{tmp_path}:/usr/bin:/bin"})["reason"]
+    r = doctor.engine_selection(env)
+    assert r["status"] == "error" and "no JSON" in r["reason"]
+    _exe(tmp_path / "rayfabric-fabric-info", "echo 'unknown argument' >&2; exit 2\n")
+    assert "exited 2: unknown argument" in doctor.engine_selection(env)["reason"]
+    _exe(tmp_path / "rayfabric-fabric-info", "kill -SEGV $$\n")
+    assert "killed by signal 11" in doctor.engine_selection(env)["reason"]
+    _exe(tmp_path / "rayfabric-fabric-info", "sleep 5\n")
+    r = doctor.engine_selection(env, timeout=0.5)
+    assert r["status"] == "error" and "timed out" in r["reason"]
+    (tmp_path / "rayfabric-fabric-info").write_bytes(b"\x7fELF garbage")         # not runnable
+    r = doctor.engine_selection(env)
+    assert r["status"] == "error" and "failed" in r["reason"]
+
+
+def test_engine_tool_found_under_the_build_root(tmp_path):
+    """RAYFABRIC_BIN_DIR = the meson build root: the tool is in tools/fabric_info/ under it."""
+    sub = tmp_path / "tools" / "fabric_info"
+    sub.mkdir(parents=True)
+    _exe(sub / "rayfabric-fabric-info", "echo '{\"provider\": \"efa\", \"rdma\": true}'\n")
+    _exe(tmp_path / "elsewhere", "")
+    r = doctor.engine_selection({"PATH": "/usr/bin:/bin", "RAYFABRIC_BIN_DIR": str(tmp_path)})
+    assert r["available"] and r["binary"] == str(sub / "rayfabric-fabric-info")
+    # without RAYFABRIC_BIN_DIR: rayfabric.bin_dir()'s default, the source tree's build/
+    assert doctor.default_bin_dir({}) == str(ROOT / "build")
+    path, looked = doctor.find_engine_tool({"RAYFABRIC_BIN_DIR": str(tmp_path / "none"), "PATH": str(tmp_path)})
+    assert path is None and looked[-1] == "PATH" and looked[1].endswith("tools/fabric_info/rayfabric-fabric-info")
+
+
+# what rayfabric-fabric-info --json prints (ProviderReport::ToJson), as on the Soft-RoCE guest
+SEL_VERBS = {"provider": "verbs;ofi_rxm", "domain": "rxe0", "rdma": True, "reason": "highest ranked",
+             "checks_remote_keys": True, "mr_cache": True, "deregistration_revokes_keys": False,
+             "key_lifetime": "verbs registers through libfabric's MR cache",
+             "candidates": [{"provider": "verbs;ofi_rxm", "domain": "rxe0", "verdict": "chosen"},
+                            {"provider": "tcp;ofi_rxm", "domain": "veth0", "verdict": "passed over"}]}
+SEL_TCP = {"provider": "tcp;ofi_rxm", "domain": "eth0", "rdma": False, "reason": "highest ranked of what fi_info offers",
+           "checks_remote_keys": True, "mr_cache": False, "deregistration_revokes_keys": True,
+           "key_lifetime": "tcp verifies keys in its MR map"}
+
+
+def sel(**kw):
+    return {"available": True, "binary": "/b/rayfabric-fabric-info", "selection": {**SEL_VERBS, **kw}}
+
+
+def test_check_engine_tool_missing():
+    (f,) = doctor.check_engine({"available": False, "status": "missing", "reason": "not available: no x"}, True)
+    assert (f.severity, f.code) == (INFO, "engine-tool-missing") and "ninja -C build" in f.fix
+
+
+def test_check_engine_selection_failed_names_the_settings():
+    es = {"available": False, "status": "failed", "reason": "not available: exited 1: x",
+          "message": "rayfabric-fabric-info: no provider: Unavailable: require_rdma is set but ..."}
+    (f,) = doctor.check_engine(es, False, {"RAYFABRIC_REQUIRE_RDMA": "1", "FI_PROVIDER": "tcp"})
+    assert (f.severity, f.code) == (ERROR, "engine-selection-failed") and "require_rdma is set" in f.message
+    assert "RAYFABRIC_REQUIRE_RDMA=1, FI_PROVIDER=tcp" in f.fix
+    (f,) = doctor.check_engine(es, False, {})
+    assert "fix the device/libfabric findings" in f.fix
+
+
+def test_check_engine_tool_error():
+    es = {"available": False, "status": "error", "binary": "/b/t", "reason": "not available: t printed no JSON"}
+    (f,) = doctor.check_engine(es, True)
+    assert (f.severity, f.code) == (WARNING, "engine-tool-error") and "/b/t --json" in f.fix
+
+
+def test_check_engine_not_rdma():
+    tcp = {"available": True, "binary": "/b/t", "selection": SEL_TCP}
+    (f,) = doctor.check_engine(tcp, rdma_offered=True, env={})
+    assert (f.severity, f.code) == (ERROR, "engine-not-rdma") and "tcp;ofi_rxm on eth0" in f.message
+    assert "ldd /b/t" in f.fix and "libfabric_prefix" in f.fix
+    (f,) = doctor.check_engine(tcp, rdma_offered=True, env={"RAYFABRIC_PROVIDER": "tcp"})
+    assert (f.severity, f.code) == (WARNING, "engine-not-rdma") and f.fix == "unset RAYFABRIC_PROVIDER to let rayfabric use RDMA"
+    assert doctor.check_engine(tcp, rdma_offered=False, env={}) == []        # nothing better on offer
+    assert doctor.check_engine(sel(mr_cache=False, deregistration_revokes_keys=True), True, {}) == []
+
+
+def test_check_engine_keys_outlive_deregistration():
+    (f,) = doctor.check_engine(sel(), True, {})
+    assert (f.severity, f.code) == (WARNING, "keys-outlive-deregistration") and "FI_MR_CACHE_MAX_COUNT=0" in f.fix
+    (f,) = doctor.check_engine(sel(provider="efa", domain="rdmap16s27-rdm"), True, {})
+    assert "FI_EFA_MR_CACHE_ENABLE=0" in f.fix
+    (f,) = doctor.check_engine(sel(provider="shm", rdma=False, mr_cache=False, checks_remote_keys=False), False, {})
+    assert (f.severity, f.code) == (WARNING, "keys-outlive-deregistration") and "not checked" in f.message
+    (f,) = doctor.check_engine(sel(provider="psm3", mr_cache=False), True, {})
+    assert (f.severity, f.code) == (INFO, "keys-outlive-deregistration") and "not known" in f.message
 
 
 # --------------------------------------------------------------------- real runs on this host
@@ -524,6 +612,130 @@ def test_real_run_with_a_laid_out_sysfs_tree(tmp_path):
     got = [f["code"] for f in r["findings"]]
     assert "port-not-active" in got and "no-uverbs" in got
     assert r["rdma_devices"][0]["ports"][0]["netdevs"] == ["ens1f0"]
+
+
+def _fake_guest(tmp_path: Path, selection: dict | None) -> tuple[list[str], dict]:
+    """A node laid out like the Soft-RoCE guest: sysfs with rxe0/rxe1, uverbs nodes, an fi_info
+    printing what the guest's fi_info prints, and a stand-in engine tool printing `selection`."""
+    root = make_sysfs(tmp_path, {"rxe0": {"ports": {1: RXE_PORT}, "parent": "veth0", "ndev": "veth0"},
+                                 "rxe1": {"ports": {1: RXE_PORT}, "parent": "veth1", "ndev": "veth1"}})
+    dev = tmp_path / "dev-ib"
+    dev.mkdir()
+    (dev / "uverbs0").write_text("")
+    (tmp_path / "list.txt").write_text(FI_LIST_GUEST)
+    (tmp_path / "rdm.txt").write_text(FI_RDM_GUEST)
+    fi = _exe(tmp_path / "fi_info", f"""case "$1" in
+  --version) printf 'fi_info: 1.17.0\\nlibfabric: 1.17.0\\n';;
+  -l) cat {tmp_path}/list.txt;;
+  -t) cat {tmp_path}/rdm.txt;;
+  *) echo 'fi_getinfo: -61'; exit 61;;
+esac
+""")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    if selection is not None:
+        (tmp_path / "sel.json").write_text(json.dumps(selection))
+        _exe(bindir / "rayfabric-fabric-info", f"cat {tmp_path}/sel.json\n")
+    env = {k: v for k, v in os.environ.items() if k not in doctor.ENGINE_SETTINGS}
+    env.update(RAYFABRIC_BIN_DIR=str(bindir), FI_UNIVERSE_SIZE="64", RAYFABRIC_CHUNK_SIZE="256K")
+    args = ["--json", "--sysfs", str(root), "--dev-dir", str(dev), "--fi-info", str(fi), "--store-bytes", "1M"]
+    return args, env
+
+
+def test_guest_like_node_with_the_engine_on_verbs(tmp_path):
+    args, env = _fake_guest(tmp_path, SEL_VERBS)
+    p = subprocess.run([sys.executable, str(DOCTOR), *args], capture_output=True, text=True, timeout=120, env=env)
+    r = json.loads(p.stdout)
+    assert p.returncode == 0 and r["rdma_usable"], p.stdout
+    assert r["verdict"].endswith("the engine chooses verbs;ofi_rxm on rxe0")
+    assert [f["code"] for f in r["findings"]] == ["keys-outlive-deregistration"]
+    jf = tmp_path / "report.json"
+    text = subprocess.run([sys.executable, str(DOCTOR), *args[1:], "--json-file", str(jf)], capture_output=True,
+                          text=True, timeout=120, env=env).stdout
+    assert json.loads(jf.read_text())["findings"] == r["findings"]           # text on stdout, JSON in the file
+    assert "engine choice  verbs;ofi_rxm on rxe0 (RDMA; " in text
+    assert "  keys         checked: yes, revoked by deregistration: NO (" in text
+    assert "  passed over  tcp;ofi_rxm/veth0" in text
+
+
+def test_guest_like_node_where_the_engine_picks_tcp(tmp_path):
+    """fi_info offers verbs, the engine (another libfabric?) picks tcp: RDMA is NOT usable."""
+    args, env = _fake_guest(tmp_path, SEL_TCP)
+    p = subprocess.run([sys.executable, str(DOCTOR), *args], capture_output=True, text=True, timeout=120, env=env)
+    r = json.loads(p.stdout)
+    assert p.returncode == 1 and not r["rdma_usable"]
+    assert [f["code"] for f in r["findings"]] == ["engine-not-rdma"]
+    assert r["verdict"] == "RDMA NOT usable on this node: rayfabric would use tcp;ofi_rxm on eth0 (not RDMA) (or Ray's own path)"
+
+
+def test_guest_like_node_without_the_engine_tool(tmp_path):
+    args, env = _fake_guest(tmp_path, None)
+    p = subprocess.run([sys.executable, str(DOCTOR), *args], capture_output=True, text=True, timeout=120, env=env)
+    r = json.loads(p.stdout)
+    assert p.returncode == 0 and [f["code"] for f in r["findings"]] == ["engine-tool-missing"]
+    assert r["engine_selection"]["status"] == "missing"
+
+
+# The real C++ tool, as meson built it (RAYFABRIC_BIN_DIR = the build root under `meson test`).
+REAL_TOOL, _ = doctor.find_engine_tool(os.environ)
+needs_tool = pytest.mark.skipif(REAL_TOOL is None, reason="rayfabric-fabric-info not built (ninja -C build)")
+
+
+def _clean_env(**kw):
+    env = {k: v for k, v in os.environ.items() if k not in doctor.ENGINE_SETTINGS}
+    env.update(kw)
+    return env
+
+
+@needs_tool
+def test_real_engine_tool_agrees_with_the_doctor():
+    env = _clean_env()
+    own = subprocess.run([REAL_TOOL, "--json"], capture_output=True, text=True, timeout=120, env=env)
+    assert own.returncode == 0, own.stderr
+    direct = json.loads(own.stdout)
+    es = doctor.engine_selection(env)
+    assert es["available"] and es["binary"] == REAL_TOOL and es["selection"] == direct
+    for k in ("provider", "domain", "rdma", "reason", "checks_remote_keys", "mr_cache",
+              "deregistration_revokes_keys", "key_lifetime", "candidates"):
+        assert k in direct, k
+    assert [c["verdict"] for c in direct["candidates"]].count("chosen") == 1
+    text = subprocess.run([REAL_TOOL], capture_output=True, text=True, timeout=120, env=env).stdout
+    assert text.startswith(f"provider {direct['provider']} domain {direct['domain']} (")
+    assert "deregistration_revokes_keys=" in text
+    if not Path(doctor.SYSFS_IB).is_dir():                  # this host: no RDMA -> a socket provider
+        assert direct["rdma"] is False and doctor.check_engine(es, False, env) == []
+
+
+@needs_tool
+def test_real_engine_tool_flags_and_failures():
+    env = _clean_env()
+    p = subprocess.run([REAL_TOOL, "--json", "--provider", "no-such-provider"], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert p.returncode == 1 and "NotFound" in p.stderr and "provider='no-such-provider'" in p.stderr
+    p = subprocess.run([REAL_TOOL, "--bogus"], capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 2 and "usage:" in p.stderr
+    if Path(doctor.SYSFS_IB).is_dir():
+        pytest.skip("this host has RDMA devices: require_rdma would succeed")
+    es = doctor.engine_selection(_clean_env(RAYFABRIC_REQUIRE_RDMA="1"))
+    assert es["status"] == "failed" and "require_rdma is set" in es["message"]
+    (f,) = doctor.check_engine(es, False, {"RAYFABRIC_REQUIRE_RDMA": "1"})
+    assert (f.severity, f.code) == (ERROR, "engine-selection-failed")
+    p = run_doctor_env(_clean_env(RAYFABRIC_REQUIRE_RDMA="1"), "--json", "--store-bytes", "1M")
+    assert p.returncode == 1 and "engine-selection-failed" in [x["code"] for x in json.loads(p.stdout)["findings"]]
+
+
+def run_doctor_env(env, *args):
+    return subprocess.run([sys.executable, str(DOCTOR), *args], capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_every_finding_code_has_a_test():
+    """Each code doctor.py can emit (Finding(<severity>, "<code>", ...)) is asserted somewhere here."""
+    src = DOCTOR.read_text()
+    emitted = set(re.findall(r'Finding\([^"]*?"([a-z0-9-]+)"', src))
+    assert len(emitted) >= 20, emitted
+    here = Path(__file__).read_text()
+    untested = sorted(c for c in emitted if f'"{c}"' not in here)
+    assert not untested, f"findings without a test: {untested}"
 
 
 def test_bad_store_bytes_is_a_usage_error():

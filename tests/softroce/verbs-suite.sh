@@ -7,7 +7,8 @@
 #   fi_info        `fi_info -p verbs` must list domains rxe0 and rxe1
 #   fi_pingpong    `fi_pingpong -p "verbs;ofi_rxm" -e rdm -c` (data checks), server on
 #                  rxe0, client on rxe1 -> 10.77.0.1: a smoke test of the guest itself
-#   doctor         python/rayfabric/doctor.py must find RDMA usable in the guest
+#   doctor         python/rayfabric/doctor.py must find RDMA usable in the guest, and the
+#                  engine (BUILD_DIR's rayfabric-fabric-info) must choose verbs;ofi_rxm
 #   PROJECT_CHECKS the project's binaries from BUILD_DIR (list below). A binary that does
 #                  not exist FAILS ("missing"); it is never skipped. Each one must print
 #                  "provider verbs;ofi_rxm" (the engine's `rayfabric: provider ... domain
@@ -46,9 +47,17 @@ set -uo pipefail
 # (fabric_process_test defaults to 1 GiB transfers = 2 GiB of buffers: OOM-killed).
 # To add a check, add a line here.
 PROJECT_CHECKS=(
-  'fabric_process_test|240|tests/fabric/fabric_process_test|RAYFABRIC_PROVIDER="verbs;ofi_rxm" RAYFABRIC_TEST_DOMAINS=rxe0,rxe1 RAYFABRIC_TEST_MAX_BYTES=${RAYFABRIC_TEST_MAX_BYTES:-33554432} RAYFABRIC_CHUNK_SIZE=${RAYFABRIC_CHUNK_SIZE:-256K} "$BIN" --gtest_filter="$VERBS_GTEST_FILTER"'
+  'fabric_process_test|240|tests/fabric/fabric_process_test|RAYFABRIC_PROVIDER="verbs;ofi_rxm" RAYFABRIC_TEST_DOMAINS=rxe0,rxe1 RAYFABRIC_TEST_MAX_BYTES=${RAYFABRIC_TEST_MAX_BYTES:-67108864} RAYFABRIC_CHUNK_SIZE=${RAYFABRIC_CHUNK_SIZE:-256K} "$BIN" --gtest_filter="$VERBS_GTEST_FILTER"'
+  'stale_key_no_mr_cache|90|tests/fabric/fabric_process_test|out=$(FI_MR_CACHE_MAX_COUNT=0 RAYFABRIC_PROVIDER="verbs;ofi_rxm" RAYFABRIC_TEST_DOMAINS=rxe0,rxe1 "$BIN" --gtest_filter="*ReportsTheProviderItUses:*StaleKeyAfterDeregistrationFails" 2>&1); rc=$?; printf "%s\n" "$out"; [ "$rc" = 0 ] || exit "$rc"; grep -q "deregistration_revokes_keys=1 mr_cache=0" <<<"$out" || { echo "!!! FI_MR_CACHE_MAX_COUNT=0 but the profile does not say deregistration revokes keys"; exit 1; }'
   'rayfabric-bench|150|bench/rayfabric-bench|RAYFABRIC_CHUNK_SIZE=${RAYFABRIC_CHUNK_SIZE:-256K} RAYFABRIC_BENCH_SERVER_DOMAIN=rxe1 "$BIN" --provider "verbs;ofi_rxm" --domain rxe0 --sizes 4K,1M,64M --verify --iters ${VERBS_BENCH_ITERS:-3}'
 )
+# fabric_process_test: with libfabric's MR cache on (the default), StaleKeyAfterDeregistrationFails
+# checks that the provider profile says so (mr_cache=1, deregistration_revokes_keys=0) and that
+# the stale read indeed still succeeds; stale_key_no_mr_cache runs it again with
+# FI_MR_CACHE_MAX_COUNT=0 (the user's switch; rayfabric never sets FI_* itself), where the profile
+# must say keys are revoked and the stale read must fail.
+# RAYFABRIC_TEST_MAX_BYTES=64 MiB: reads/writes of 64 MiB, byte-checked (~0.4 GiB of buffers at
+# peak, in ConcurrentTransfersFromSeveralPeers: fits the 2 GiB guest).
 # rayfabric-bench: --iters 3 because its default (2 GiB / size, 3..2000 per size: ~4 GiB in
 # all) takes > 5 min at rxe's ~15 MB/s; server on rxe1, client on rxe0 so that the bytes
 # cross the veth pair (without it both ends use rxe0, rxe's internal loopback).
@@ -157,15 +166,21 @@ check_pingpong() {
 }
 
 check_doctor() {
-    local limit; limit=$(budget_for 60)
+    local limit; limit=$(budget_for 90)     # 17-35 s measured (fi_info x4 + rayfabric-fabric-info)
     local doc="$SOURCE_ROOT/python/rayfabric/doctor.py"
-    guest_say "CHECK doctor: python3 $doc (must find RDMA usable) [limit ${limit}s]"
+    guest_say "CHECK doctor: python3 $doc (must find RDMA usable, engine on $EXPECTED_PROVIDER) [limit ${limit}s]"
     if [ "$limit" -le 0 ]; then record FAIL doctor 0 "no time left (GUEST_TIMEOUT)"; return; fi
     if [ ! -f "$doc" ]; then record FAIL doctor 0 "missing: $doc"; return; fi
-    run_logged doctor "$limit" "$WORK/doctor.log" "python3 $(printf %q "$doc")"
-    if [ "$RC" = 0 ]; then record PASS doctor "$SECS" "RDMA usable"
-    elif [ "$RC" = 124 ]; then record FAIL doctor "$SECS" "TIMEOUT after ${limit}s"
-    else record FAIL doctor "$SECS" "exit $RC (see its output above)"; fi
+    # RAYFABRIC_BIN_DIR: the doctor asks BUILD_DIR's rayfabric-fabric-info which provider the
+    # engine picks; it must be verbs;ofi_rxm. The JSON report lands in the work dir (VERBS_KEEP=1).
+    run_logged doctor "$limit" "$WORK/doctor.log" \
+        "RAYFABRIC_BIN_DIR=$(printf %q "$BUILD_DIR") python3 $(printf %q "$doc") --json-file $(printf %q "$WORK/doctor.json")"
+    local engine
+    engine=$(grep -oE "^engine choice  $EXPECTED_PROVIDER on [^ ]+" "$WORK/doctor.log" | sed 's/^engine choice  //')
+    if [ "$RC" = 124 ]; then record FAIL doctor "$SECS" "TIMEOUT after ${limit}s"
+    elif [ "$RC" != 0 ]; then record FAIL doctor "$SECS" "exit $RC (see its output above)"
+    elif [ -z "$engine" ]; then record FAIL doctor "$SECS" "RDMA usable, but the engine (rayfabric-fabric-info) does not choose $EXPECTED_PROVIDER"
+    else record PASS doctor "$SECS" "RDMA usable; engine: $engine"; fi
 }
 
 check_project() {

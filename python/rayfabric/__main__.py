@@ -1,0 +1,5 @@
+import sys
+
+from rayfabric.cli import main
+
+sys.exit(main())

@@ -1,0 +1,85 @@
+"""The `rayfabric` command (also `python -m rayfabric`):
+
+    rayfabric start  [--address ADDR] [--provider P]   agents on every node of a running cluster
+    rayfabric stop   [--address ADDR]                  stop them (the cluster keeps running)
+    rayfabric status [--address ADDR] [--json]         per-node provider and counters
+    rayfabric demo   [--size-mb N] [--provider P]      README's main job (its own local cluster)
+    rayfabric doctor [--json] ...                      what this node's fabric can do
+    rayfabric bench  ...                               Ray vs rayfabric, side by side
+
+start is idempotent: run it again after nodes join (agents that run are kept)."""
+import argparse
+import json
+import sys
+
+
+def _connect(address):
+    import ray
+    ray.init(address=address, logging_level="ERROR", namespace="rayfabric-cli")
+
+
+def _print_status(st):
+    rows = st["agents"]
+    if not rows:
+        print("no rayfabric agents published in this cluster (`rayfabric start`)")
+        return
+    print(f"{'node':14s} {'address':22s} {'provider':14s} {'domain':8s} {'pulled':>8s} {'MiB pulled':>11s} "
+          f"{'leases':>7s} {'pinned MiB':>11s} {'failed':>7s}")
+    for node, a in sorted(rows.items()):
+        if not a.get("alive"):
+            print(f"{node[:12]:14s} {a['address']:22s} DEAD: {a.get('error', '')}")
+            continue
+        print(f"{node[:12]:14s} {a['address']:22s} {a['provider']:14s} {a['domain']:8s} {a['objects_pulled']:8d} "
+              f"{a['bytes_pulled'] / 2**20:11.1f} {a['leases_active']:7d} {a['pinned_bytes'] / 2**20:11.1f} "
+              f"{a['pulls_failed']:7d}")
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog="rayfabric", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("start", help="start an agent on every node")
+    s.add_argument("--address", default="auto")
+    s.add_argument("--provider")
+    s = sub.add_parser("stop", help="stop every agent")
+    s.add_argument("--address", default="auto")
+    s = sub.add_parser("status", help="agents and their counters")
+    s.add_argument("--address", default="auto")
+    s.add_argument("--json", action="store_true")
+    sub.add_parser("demo", help="README's main job", add_help=False)
+    sub.add_parser("doctor", help="what this node's fabric can do", add_help=False)
+    sub.add_parser("bench", help="Ray vs rayfabric benchmark", add_help=False)
+    if argv and argv[0] in ("demo", "doctor", "bench"):
+        rest = argv[1:]
+        if argv[0] == "demo":
+            from rayfabric import demo
+            return demo.main(rest)
+        if argv[0] == "doctor":
+            from rayfabric import doctor
+            return doctor.main(rest)
+        from rayfabric import bench
+        return bench.main(rest)
+    a = p.parse_args(argv)
+    import rayfabric
+    _connect(a.address)
+    if a.command == "start":
+        records = rayfabric.init(provider=a.provider, watch_new_nodes=False)
+        for node, r in sorted(records.items()):
+            print(f"{node[:12]}  {r['address']:22s} {r['provider']} {r['domain']}  log {r['log']}")
+        print(f"rayfabric: {len(records)} agent(s) running")
+        return 0
+    if a.command == "stop":
+        print(f"rayfabric: stopped {rayfabric.shutdown()} agent(s)")
+        return 0
+    st = rayfabric.status()
+    if a.json:
+        print(json.dumps(st, indent=1, default=str))
+    else:
+        _print_status(st)
+    dead = [n for n, r in st["agents"].items() if not r.get("alive")]
+    return 1 if dead else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
