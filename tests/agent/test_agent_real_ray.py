@@ -30,7 +30,9 @@ AGENT_ENV = {"RAYFABRIC_OP_TIMEOUT_MS": "8000", "RAYFABRIC_CREATE_TIMEOUT_MS": "
 @pytest.fixture(scope="module", params=PROVIDERS)
 def cluster(request):
     pkg = os.path.join(os.path.dirname(rayfabric.__file__), "..")
-    os.environ["PYTHONPATH"] = os.path.abspath(pkg) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    # Workers import this module (the remote functions below) and the package.
+    here = os.path.dirname(os.path.abspath(__file__))
+    os.environ["PYTHONPATH"] = os.pathsep.join([os.path.abspath(pkg), here, os.environ.get("PYTHONPATH", "")])
     os.environ["RAYFABRIC_BIN_DIR"] = rayfabric.bin_dir()
     c = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 2, "resources": {"n0": 100}, "object_store_memory": 1536 * MiB, "include_dashboard": False})
