@@ -124,7 +124,16 @@ def alive_nodes():
     return [n["NodeID"] for n in ray.nodes() if n["Alive"]]
 
 
-def start_all(provider=None, env=None):
+def env_for(node_hex, env=None, node_env=None):
+    """The agent environment of one node: `env` (every node) updated by `node_env[node_hex]`
+    (e.g. {"RAYFABRIC_DOMAIN": "mlx5_1"} for one node); None when both are empty."""
+    own = (node_env or {}).get(node_hex)
+    if not own:
+        return env
+    return {**(env or {}), **own}
+
+
+def start_all(provider=None, env=None, node_env=None):
     """Starts agents on every alive node, in parallel; returns {node_hex: record}."""
     records = {}
     errors = {}
@@ -132,7 +141,7 @@ def start_all(provider=None, env=None):
 
     def one(node):
         try:
-            records[node] = start_on(node, provider, env)
+            records[node] = start_on(node, provider, env_for(node, env, node_env))
         except Exception as e:  # noqa: BLE001 - reported per node below
             errors[node] = e
     for node in alive_nodes():
@@ -164,10 +173,15 @@ def stop_all():
 
 
 def published():
-    """{node_hex: record} of every agent that published its address."""
+    """{node_hex: record} of every agent that published its address, on nodes still alive (the
+    records of nodes that left are deleted: their agents went with them)."""
     out = {}
+    alive = set(alive_nodes())
     for key in internal_kv._internal_kv_list(KV_PREFIX, namespace=NAMESPACE):
         key = key.decode() if isinstance(key, bytes) else key
+        if key[len(KV_PREFIX):] not in alive:
+            internal_kv._internal_kv_del(key, namespace=NAMESPACE)
+            continue
         value = internal_kv._internal_kv_get(key, namespace=NAMESPACE)
         if value:
             out[key[len(KV_PREFIX):]] = json.loads(value)
@@ -177,9 +191,10 @@ def published():
 class NodeWatcher(threading.Thread):
     """Starts agents on nodes that join after init()."""
 
-    def __init__(self, provider, env, interval_s=2.0):
+    def __init__(self, provider, env, interval_s=2.0, node_env=None):
         super().__init__(daemon=True, name="rayfabric-node-watcher")
         self.provider, self.env, self.interval_s = provider, env, interval_s
+        self.node_env = node_env
         self.stopped = threading.Event()
 
     def run(self):
@@ -188,7 +203,7 @@ class NodeWatcher(threading.Thread):
                 known = published()
                 for node in alive_nodes():
                     if node not in known:
-                        start_on(node, self.provider, self.env)
+                        start_on(node, self.provider, env_for(node, self.env, self.node_env))
             except Exception as e:  # noqa: BLE001 - keep watching; say why once per failure
                 print(f"rayfabric: could not start an agent on a new node: {e}", file=sys.stderr)
                 time.sleep(self.interval_s)

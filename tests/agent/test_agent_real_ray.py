@@ -361,6 +361,31 @@ def test_transparent_ray_get(cluster):
     assert pulled == 1
 
 
+def test_node_joining_later_gets_an_agent(cluster):
+    before = set(_agents.published())
+    rayfabric.init(provider=cluster["provider"], env=AGENT_ENV, watch_new_nodes=True)
+    try:
+        node = cluster["cluster"].add_node(num_cpus=1, resources={"n3": 100}, object_store_memory=256 * MiB)
+        cluster["cluster"].wait_for_nodes()
+        deadline = time.time() + 60
+        while time.time() < deadline and node.node_id not in _agents.published():
+            time.sleep(0.5)
+        assert node.node_id in _agents.published(), "no agent started on the new node"
+        assert before < set(_agents.published())
+        ref = on("n0", produce).remote("numpy", 4 * MiB, 71)
+        ray.wait([ref], fetch_local=False)
+        out = ray.get(on("n3", fetch).remote([ref]))
+        assert out["pulled"] == 1 and out["digests"] == [digest_of(make_value("numpy", 4 * MiB, 71))]
+    finally:
+        rayfabric.api._watcher.stopped.set()
+        rayfabric.api._watcher = None
+        try:
+            ray.get(_agents.actor_of(node.node_id).stop.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - best effort before the node goes
+            pass
+        cluster["cluster"].remove_node(node)
+
+
 def test_source_node_removed_fails_as_ray_would(cluster):
     # Last: it takes n2 away. The object's only copy (and its owner, an actor) die with the node:
     # rayfabric.get raises what ray.get raises, promptly.
