@@ -46,7 +46,8 @@ Status FromGrpc(const grpc::Status& s, const std::string& what) {
     case grpc::StatusCode::INVALID_ARGUMENT:
       return InvalidArgument(what + ": " + s.error_message());
     default:
-      return ProtocolError(what + ": gRPC " + std::to_string(s.error_code()) + ": " + s.error_message());
+      return ProtocolError(what + ": gRPC " + std::to_string(s.error_code()) + ": " +
+                           s.error_message());
   }
 }
 
@@ -67,25 +68,30 @@ struct Agent::PullJob {
 
 Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options) {
   if (options.node_id.size() != ObjectId::kSize) {
-    return InvalidArgument("the agent's node id must be a Ray NodeID (28 bytes, 56 hex digits), got " +
-                           std::to_string(options.node_id.size()) + " bytes");
+    return InvalidArgument(
+        "the agent's node id must be a Ray NodeID (28 bytes, 56 hex digits), got " +
+        std::to_string(options.node_id.size()) + " bytes");
   }
   // Every numeric setting is checked here, once, with the name of the bad one.
   for (const char* name : {"max_leases", "lease_ttl_ms", "create_timeout_ms", "op_timeout_ms"}) {
     RF_ASSIGN_OR_RETURN(int64_t v, options.config.GetInt(name));
-    if (v <= 0) return InvalidArgument(std::string(name) + " must be > 0, got " + std::to_string(v));
+    if (v <= 0)
+      return InvalidArgument(std::string(name) + " must be > 0, got " + std::to_string(v));
   }
   plasma::ConnectOptions connect;
   connect.ray_version = options.ray_version;
-  RF_ASSIGN_OR_RETURN(auto serve_store, plasma::PlasmaClient::Connect(options.plasma_socket, connect));
-  RF_ASSIGN_OR_RETURN(auto pull_store, plasma::PlasmaClient::Connect(options.plasma_socket, connect));
+  RF_ASSIGN_OR_RETURN(auto serve_store,
+                      plasma::PlasmaClient::Connect(options.plasma_socket, connect));
+  RF_ASSIGN_OR_RETURN(auto pull_store,
+                      plasma::PlasmaClient::Connect(options.plasma_socket, connect));
   RF_ASSIGN_OR_RETURN(auto engine, fabric::Engine::Open(options.config));
-  return std::unique_ptr<Agent>(
-      new Agent(std::move(options), std::move(serve_store), std::move(pull_store), std::move(engine)));
+  return std::unique_ptr<Agent>(new Agent(std::move(options), std::move(serve_store),
+                                          std::move(pull_store), std::move(engine)));
 }
 
 Agent::Agent(AgentOptions options, std::unique_ptr<plasma::PlasmaClient> serve_store,
-             std::unique_ptr<plasma::PlasmaClient> pull_store, std::unique_ptr<fabric::Engine> engine)
+             std::unique_ptr<plasma::PlasmaClient> pull_store,
+             std::unique_ptr<fabric::Engine> engine)
     : options_(std::move(options)),
       serve_store_(std::move(serve_store)),
       pull_store_(std::move(pull_store)),
@@ -216,7 +222,8 @@ v1::PullReply Agent::Pull(const v1::PullRequest& request) {
   v1::PullReply reply;
   reply.set_provider(engine_->profile().provider);
   const auto deadline =
-      Clock::now() + std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms() : op_timeout_ms_);
+      Clock::now() +
+      std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms() : op_timeout_ms_);
   std::vector<PullJob> jobs(static_cast<size_t>(request.items_size()));
   std::map<std::string, std::vector<PullJob*>> by_source;
   for (int i = 0; i < request.items_size(); ++i) {
@@ -231,7 +238,8 @@ v1::PullReply Agent::Pull(const v1::PullRequest& request) {
     }
     job.id = *id;
     if (job.item->source_agent().empty()) {
-      SetError(*job.result, InvalidArgument("pull of object " + id->Hex() + ": no source_agent given"));
+      SetError(*job.result,
+               InvalidArgument("pull of object " + id->Hex() + ": no source_agent given"));
       continue;
     }
     auto local = pull_store_->Contains(job.id);
@@ -265,7 +273,8 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
   grpc::ClientContext lease_ctx;
   lease_ctx.set_deadline(ToSystem(std::min(deadline, Clock::now() + kRpcTimeout)));
   grpc::Status rpc = stub->LeaseObjects(&lease_ctx, lease_request, &lease_reply);
-  Status leased_status = rpc.ok() ? Status::OK() : FromGrpc(rpc, "leasing from the agent at " + source);
+  Status leased_status =
+      rpc.ok() ? Status::OK() : FromGrpc(rpc, "leasing from the agent at " + source);
   if (leased_status.ok() && lease_reply.leases_size() != static_cast<int>(jobs.size())) {
     leased_status = ProtocolError("the agent at " + source + " answered " +
                                   std::to_string(lease_reply.leases_size()) + " leases for " +
@@ -289,9 +298,10 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
     PullJob& job = *jobs[i];
     job.lease = lease_reply.leases(static_cast<int>(i));
     if (!job.lease.error_code().empty()) {
-      SetError(*job.result, Status(StatusCode::kNotFound, "the agent at " + source + " refused a lease on object " +
-                                                             job.id.Hex() + ": " + job.lease.error_code() + ": " +
-                                                             job.lease.error()));
+      SetError(*job.result,
+               Status(StatusCode::kNotFound,
+                      "the agent at " + source + " refused a lease on object " + job.id.Hex() +
+                          ": " + job.lease.error_code() + ": " + job.lease.error()));
       continue;
     }
     job.leased = true;
@@ -351,7 +361,8 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
         if (started.ok()) job.transfer = *started;
       }
       if (!s.ok()) {
-        SetError(*job.result, s.WithContext("fi_read of object " + job.id.Hex() + " from " + source));
+        SetError(*job.result,
+                 s.WithContext("fi_read of object " + job.id.Hex() + " from " + source));
         (void)pull_store_->Abort(job.id);
         job.created = false;
         continue;
@@ -368,14 +379,16 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
         const uint64_t bytes = job->lease.data_size() + job->lease.metadata_size();
         job->result->set_outcome(v1::PULLED);
         job->result->set_bytes(bytes);
-        job->result->set_seconds(std::chrono::duration<double>(Clock::now() - job->started).count());
+        job->result->set_seconds(
+            std::chrono::duration<double>(Clock::now() - job->started).count());
         ++objects_pulled_;
         bytes_pulled_ += bytes;
       } else {
         // Never seal bytes we did not get. A transfer that outlived our wait still targets the
         // replica's memory: it fails by itself at its own deadline (op_timeout_ms) and the store
         // only reuses the space after the abort, so bytes can land in freed space at worst.
-        SetError(*job->result, s.WithContext("fi_read of object " + job->id.Hex() + " from " + source));
+        SetError(*job->result,
+                 s.WithContext("fi_read of object " + job->id.Hex() + " from " + source));
         (void)job->transfer.Wait(std::chrono::milliseconds(op_timeout_ms_));
         (void)pull_store_->Abort(job->id);
       }

@@ -12,9 +12,9 @@
 #include <string>
 #include <thread>
 
+#include "agent.pb.h"
 #include "agent/lease_table.h"
 #include "agent/peer_clients.h"
-#include "agent.pb.h"
 #include "rayfabric/config.h"
 #include "rayfabric/fabric.h"
 #include "rayfabric/plasma_client.h"
@@ -58,7 +58,8 @@ class Agent {
         std::unique_ptr<plasma::PlasmaClient> pull_store, std::unique_ptr<fabric::Engine> engine);
 
   // The registered region covering a mapped store segment (registered once, dropped on unmap).
-  Result<std::shared_ptr<fabric::MemoryRegion>> RegionFor(uint8_t* segment_base, size_t segment_size);
+  Result<std::shared_ptr<fabric::MemoryRegion>> RegionFor(uint8_t* segment_base,
+                                                          size_t segment_size);
   void OnSegmentUnmapped(const plasma::SegmentInfo& segment);
   v1::Lease LeaseOne(const std::string& object_id, std::chrono::milliseconds ttl);
   void PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,

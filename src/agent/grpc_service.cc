@@ -14,11 +14,13 @@ grpc::Status AgentService::CheckVersion(uint32_t version, const char* rpc) {
   agent_->CountRejectedRequest();
   return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                       std::string(rpc) + ": protocol_version " + std::to_string(version) +
-                          " is not spoken by this agent (it speaks " + std::to_string(kProtocolVersion) +
+                          " is not spoken by this agent (it speaks " +
+                          std::to_string(kProtocolVersion) +
                           "); run the same rayfabric version on every node");
 }
 
-grpc::Status AgentService::Info(grpc::ServerContext*, const v1::InfoRequest* request, v1::InfoReply* reply) {
+grpc::Status AgentService::Info(grpc::ServerContext*, const v1::InfoRequest* request,
+                                v1::InfoReply* reply) {
   // Info answers any version, so that a mismatched peer can say which one it met.
   (void)request;
   *reply = agent_->Info();
@@ -32,8 +34,8 @@ grpc::Status AgentService::LeaseObjects(grpc::ServerContext*, const v1::LeaseReq
   if (request->object_ids_size() == 0 || request->object_ids_size() > kMaxItemsPerRequest) {
     agent_->CountRejectedRequest();
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "LeaseObjects needs 1.." + std::to_string(kMaxItemsPerRequest) + " object ids, got " +
-                            std::to_string(request->object_ids_size()));
+                        "LeaseObjects needs 1.." + std::to_string(kMaxItemsPerRequest) +
+                            " object ids, got " + std::to_string(request->object_ids_size()));
   }
   *reply = agent_->Lease(*request);
   return grpc::Status::OK;
@@ -47,7 +49,8 @@ grpc::Status AgentService::ReleaseLeases(grpc::ServerContext*, const v1::Release
   return grpc::Status::OK;
 }
 
-grpc::Status AgentService::Pull(grpc::ServerContext*, const v1::PullRequest* request, v1::PullReply* reply) {
+grpc::Status AgentService::Pull(grpc::ServerContext*, const v1::PullRequest* request,
+                                v1::PullReply* reply) {
   grpc::Status v = CheckVersion(request->protocol_version(), "Pull");
   if (!v.ok()) return v;
   if (request->items_size() == 0 || request->items_size() > kMaxItemsPerRequest) {

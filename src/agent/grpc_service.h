@@ -2,8 +2,8 @@
 // Agent. Nothing else lives here.
 #pragma once
 
-#include "agent/agent.h"
 #include "agent.grpc.pb.h"
+#include "agent/agent.h"
 
 namespace rayfabric::agent {
 
@@ -12,8 +12,10 @@ class AgentService final : public v1::Agent::Service {
   explicit AgentService(Agent* agent) : agent_(agent) {}
 
   grpc::Status Info(grpc::ServerContext*, const v1::InfoRequest*, v1::InfoReply*) override;
-  grpc::Status LeaseObjects(grpc::ServerContext*, const v1::LeaseRequest*, v1::LeaseReply*) override;
-  grpc::Status ReleaseLeases(grpc::ServerContext*, const v1::ReleaseRequest*, v1::ReleaseReply*) override;
+  grpc::Status LeaseObjects(grpc::ServerContext*, const v1::LeaseRequest*,
+                            v1::LeaseReply*) override;
+  grpc::Status ReleaseLeases(grpc::ServerContext*, const v1::ReleaseRequest*,
+                             v1::ReleaseReply*) override;
   grpc::Status Pull(grpc::ServerContext*, const v1::PullRequest*, v1::PullReply*) override;
   grpc::Status GetStatus(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusReply*) override;
 

@@ -14,7 +14,8 @@ std::string RandomToken() {
   std::string token(LeaseTable::kTokenBytes, '\0');
   for (size_t i = 0; i < token.size(); i += 4) {
     uint32_t r = device();
-    for (size_t j = 0; j < 4 && i + j < token.size(); ++j) token[i + j] = static_cast<char>(r >> (8 * j));
+    for (size_t j = 0; j < 4 && i + j < token.size(); ++j)
+      token[i + j] = static_cast<char>(r >> (8 * j));
   }
   return token;
 }
@@ -45,7 +46,8 @@ Result<LeasedObject> LeaseTable::Release(uint64_t id, const std::string& token) 
   std::lock_guard<std::mutex> lock(mu_);
   auto it = leases_.find(id);
   if (it == leases_.end()) {
-    const bool expired = std::find(expired_ring_.begin(), expired_ring_.end(), id) != expired_ring_.end();
+    const bool expired =
+        std::find(expired_ring_.begin(), expired_ring_.end(), id) != expired_ring_.end();
     return NotFound("lease " + std::to_string(id) +
                     (expired ? " expired before it was released (its object was unpinned); "
                                "read faster or ask for a longer ttl_ms"

@@ -12,7 +12,8 @@ std::shared_ptr<::rayfabric::v1::Agent::Stub> PeerClients::Get(const std::string
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
   auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-  auto stub = std::shared_ptr<::rayfabric::v1::Agent::Stub>(::rayfabric::v1::Agent::NewStub(channel));
+  auto stub =
+      std::shared_ptr<::rayfabric::v1::Agent::Stub>(::rayfabric::v1::Agent::NewStub(channel));
   stubs_[address] = stub;
   return stub;
 }

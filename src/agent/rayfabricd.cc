@@ -67,9 +67,10 @@ Result<Flags> ParseFlags(int argc, char** argv) {
     } else if (arg == "--exit-with-parent") {
       f.exit_with_parent = true;
     } else {
-      return InvalidArgument("unknown argument '" + arg +
-                             "'; usage: rayfabricd --plasma-socket PATH --node-id HEX --listen HOST:PORT "
-                             "[--ray-version V] [--provider P] [--domain D] [--exit-with-parent]");
+      return InvalidArgument(
+          "unknown argument '" + arg +
+          "'; usage: rayfabricd --plasma-socket PATH --node-id HEX --listen HOST:PORT "
+          "[--ray-version V] [--provider P] [--domain D] [--exit-with-parent]");
     }
   }
   if (f.agent.plasma_socket.empty()) return InvalidArgument("--plasma-socket is required");
@@ -87,7 +88,8 @@ int main(int argc, char** argv) {
   if (flags->exit_with_parent) {
     // The agent lives as long as whoever started it (the per-node Ray actor): no orphans.
     prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() == 1) return StartupError(rayfabric::Aborted("parent exited before the agent started"));
+    if (getppid() == 1)
+      return StartupError(rayfabric::Aborted("parent exited before the agent started"));
   }
   // Block the stop signals in every thread; the main thread waits for them below.
   sigset_t stop;
@@ -113,8 +115,9 @@ int main(int argc, char** argv) {
   const std::string host = flags->listen.substr(0, flags->listen.rfind(':'));
   const auto info = (*agent)->Info();
   std::cout << "RAYFABRICD_READY {\"address\":" << JsonString(host + ":" + std::to_string(port))
-            << ",\"provider\":" << JsonString(info.provider()) << ",\"domain\":" << JsonString(info.domain())
-            << ",\"pid\":" << info.pid() << "}" << std::endl;
+            << ",\"provider\":" << JsonString(info.provider())
+            << ",\"domain\":" << JsonString(info.domain()) << ",\"pid\":" << info.pid() << "}"
+            << std::endl;
   int sig = 0;
   sigwait(&stop, &sig);
   RF_LOG(kInfo, "rayfabricd: signal " << sig << ", shutting down");

@@ -30,7 +30,8 @@ Result<std::string> HexToBytes(std::string_view hex) {
   for (size_t i = 0; i < out.size(); ++i) {
     int hi = Nibble(hex[2 * i]), lo = Nibble(hex[2 * i + 1]);
     if (hi < 0 || lo < 0) {
-      return InvalidArgument("not a hex digit at position " + std::to_string(hi < 0 ? 2 * i : 2 * i + 1));
+      return InvalidArgument("not a hex digit at position " +
+                             std::to_string(hi < 0 ? 2 * i : 2 * i + 1));
     }
     out[i] = static_cast<char>(hi << 4 | lo);
   }

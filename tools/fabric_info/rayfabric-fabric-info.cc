@@ -16,9 +16,12 @@ namespace {
 
 int Usage(const char* why) {
   if (why) std::cerr << "rayfabric-fabric-info: " << why << "\n";
-  std::cerr << "usage: rayfabric-fabric-info [--json] [--provider NAME] [--domain NAME] [--require-rdma]\n"
-               "  Prints the libfabric provider/domain rayfabric's engine would choose here (from the\n"
-               "  RAYFABRIC_* settings; flags override them) and why. Exit 0: chosen; 1: none; 2: usage.\n";
+  std::cerr
+      << "usage: rayfabric-fabric-info [--json] [--provider NAME] [--domain NAME] "
+         "[--require-rdma]\n"
+         "  Prints the libfabric provider/domain rayfabric's engine would choose here (from the\n"
+         "  RAYFABRIC_* settings; flags override them) and why. Exit 0: chosen; 1: none; 2: "
+         "usage.\n";
   return 2;
 }
 
