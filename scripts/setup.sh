@@ -26,9 +26,9 @@ fi
 PY=${PYTHON:-python3}
 RAY_VERSION=$(cat python/RAY_VERSION)
 if ! $PY -c "import ray, sys; sys.exit(ray.__version__ != '$RAY_VERSION')" 2>/dev/null ||
-   ! $PY -c "import numpy, pandas, pytest" 2>/dev/null; then
-  echo "[setup] pip install ray==$RAY_VERSION numpy pandas pytest"
-  $PY -m pip install -q "ray[default]==$RAY_VERSION" numpy pandas pytest
+   ! $PY -c "import numpy, pandas, pytest, matplotlib" 2>/dev/null; then
+  echo "[setup] pip install ray==$RAY_VERSION numpy pandas pytest matplotlib"
+  $PY -m pip install -q "ray[default]==$RAY_VERSION" numpy pandas pytest matplotlib
 fi
 
 if [ ! -f build/build.ninja ]; then

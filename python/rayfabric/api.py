@@ -29,15 +29,17 @@ _stats = {"objects_pulled": 0, "bytes_pulled": 0, "already_local": 0, "stood_asi
           "ray_path_small": 0, "ray_path_not_in_plasma": 0, "fallbacks": 0, "fallback_reasons": {}}
 
 
-def init(provider=None, watch_new_nodes=True, env=None):
+def init(provider=None, watch_new_nodes=True, env=None, node_env=None):
     """Makes sure an agent runs on every alive node (and, with watch_new_nodes, on nodes that join
-    later). Call after ray.init(). Returns {node_id_hex: agent record}."""
+    later). Call after ray.init(). `env`: extra environment of every agent (RAYFABRIC_*, FI_*);
+    `node_env`: {node_id_hex: {VAR: value}} merged over `env` for that node's agent only (e.g. a
+    different RAYFABRIC_DOMAIN per node). Returns {node_id_hex: agent record}."""
     global _watcher
     if not ray.is_initialized():
         raise RuntimeError("rayfabric.init() needs a connected Ray: call ray.init() first")
-    records = _agents.start_all(provider, env)
+    records = _agents.start_all(provider, env, node_env)
     if watch_new_nodes and _watcher is None:
-        _watcher = _agents.NodeWatcher(provider, env)
+        _watcher = _agents.NodeWatcher(provider, env, node_env=node_env)
         _watcher.start()
     _agents_cache["at"] = 0.0
     return records

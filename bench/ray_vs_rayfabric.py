@@ -1,0 +1,15 @@
+#!/usr/bin/env python3
+"""Ray's own cross-node object transfer vs rayfabric, side by side: a thin wrapper of
+`rayfabric bench` (python/rayfabric/bench.py), runnable from a source checkout without installing:
+
+    python3 bench/ray_vs_rayfabric.py [--quick] [--json FILE] [--plots DIR] [--address ADDR] ...
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+
+from rayfabric import bench  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(bench.main(sys.argv[1:]))
