@@ -50,7 +50,7 @@ set -uo pipefail
 # (fabric_process_test defaults to 1 GiB transfers = 2 GiB of buffers: OOM-killed).
 # To add a check, add a line here.
 PROJECT_CHECKS=(
-  'fabric_process_test|240|tests/fabric/fabric_process_test|RAYFABRIC_PROVIDER="verbs;ofi_rxm" RAYFABRIC_TEST_DOMAINS=rxe0,rxe1 RAYFABRIC_TEST_MAX_BYTES=${RAYFABRIC_TEST_MAX_BYTES:-67108864} RAYFABRIC_CHUNK_SIZE=${RAYFABRIC_CHUNK_SIZE:-256K} "$BIN" --gtest_filter="$VERBS_GTEST_FILTER"'
+  'fabric_process_test|240|tests/fabric/fabric_process_test|RAYFABRIC_PROVIDER="verbs;ofi_rxm" RAYFABRIC_TEST_DOMAINS=rxe0,rxe1 RAYFABRIC_TEST_MAX_BYTES=${RAYFABRIC_TEST_MAX_BYTES:-67108864} RAYFABRIC_CHUNK_SIZE=${RAYFABRIC_CHUNK_SIZE:-256K} RAYFABRIC_OP_TIMEOUT_MS=${RAYFABRIC_OP_TIMEOUT_MS:-120000} "$BIN" --gtest_filter="$VERBS_GTEST_FILTER"'
   'stale_key_no_mr_cache|90|tests/fabric/fabric_process_test|out=$(FI_MR_CACHE_MAX_COUNT=0 RAYFABRIC_PROVIDER="verbs;ofi_rxm" RAYFABRIC_TEST_DOMAINS=rxe0,rxe1 "$BIN" --gtest_filter="*ReportsTheProviderItUses:*StaleKeyAfterDeregistrationFails" 2>&1); rc=$?; printf "%s\n" "$out"; [ "$rc" = 0 ] || exit "$rc"; grep -q "deregistration_revokes_keys=1 mr_cache=0" <<<"$out" || { echo "!!! FI_MR_CACHE_MAX_COUNT=0 but the profile does not say deregistration revokes keys"; exit 1; }'
   'rayfabric-bench|150|bench/rayfabric-bench|RAYFABRIC_CHUNK_SIZE=${RAYFABRIC_CHUNK_SIZE:-256K} RAYFABRIC_BENCH_SERVER_DOMAIN=rxe1 "$BIN" --provider "verbs;ofi_rxm" --domain rxe0 --sizes 4K,1M,64M --verify --iters ${VERBS_BENCH_ITERS:-3}'
 )
@@ -59,6 +59,10 @@ PROJECT_CHECKS=(
 # the stale read indeed still succeeds; stale_key_no_mr_cache runs it again with
 # FI_MR_CACHE_MAX_COUNT=0 (the user's switch; rayfabric never sets FI_* itself), where the profile
 # must say keys are revoked and the stale read must fail.
+# RAYFABRIC_OP_TIMEOUT_MS=120000: ConcurrentTransfersFromSeveralPeers reads 3 x 64 MiB at once,
+# sharing rxe's ~6-10 MB/s: 29 s alone in the guest (2 Dec 2026), against the engine's default
+# 30 s per-transfer op_timeout, so it failed (50 s, Wait() not ok) in two suite runs in a row under
+# host load. The fault tests set their own 4 s timeout and are not affected.
 # RAYFABRIC_TEST_MAX_BYTES=64 MiB: reads/writes of 64 MiB, byte-checked (~0.4 GiB of buffers at
 # peak, in ConcurrentTransfersFromSeveralPeers: fits the 2 GiB guest).
 # rayfabric-bench: --iters 3 because its default (2 GiB / size, 3..2000 per size: ~4 GiB in
