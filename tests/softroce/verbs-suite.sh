@@ -27,7 +27,7 @@
 #                           Failures of checks inside a guest that did start never skip.
 #   VERBS_GTEST_FILTER      gtest filter for fabric_process_test (default '*')
 #   VERBS_BENCH_ITERS       rayfabric-bench --iters (default 3)
-#   GUEST_TIMEOUT           whole-guest limit in seconds (default 570, keeps the suite
+#   GUEST_TIMEOUT           whole-guest limit in seconds (default 720, bounds the suite
 #                           < 10 min incl. boot); per-check limits are clamped to what is left
 #   FI_UNIVERSE_SIZE        passed through if set; otherwise 64 in the guest (rxm's CQ
 #                           sizing exceeds rxe's max_cqe with the default 256)
@@ -50,7 +50,7 @@ set -uo pipefail
 # (fabric_process_test defaults to 1 GiB transfers = 2 GiB of buffers: OOM-killed).
 # To add a check, add a line here.
 PROJECT_CHECKS=(
-  'fabric_process_test|240|tests/fabric/fabric_process_test|RAYFABRIC_PROVIDER="verbs;ofi_rxm" RAYFABRIC_TEST_DOMAINS=rxe0,rxe1 RAYFABRIC_TEST_MAX_BYTES=${RAYFABRIC_TEST_MAX_BYTES:-67108864} RAYFABRIC_CHUNK_SIZE=${RAYFABRIC_CHUNK_SIZE:-256K} RAYFABRIC_OP_TIMEOUT_MS=${RAYFABRIC_OP_TIMEOUT_MS:-120000} "$BIN" --gtest_filter="$VERBS_GTEST_FILTER"'
+  'fabric_process_test|330|tests/fabric/fabric_process_test|RAYFABRIC_PROVIDER="verbs;ofi_rxm" RAYFABRIC_TEST_DOMAINS=rxe0,rxe1 RAYFABRIC_TEST_MAX_BYTES=${RAYFABRIC_TEST_MAX_BYTES:-67108864} RAYFABRIC_CHUNK_SIZE=${RAYFABRIC_CHUNK_SIZE:-256K} RAYFABRIC_OP_TIMEOUT_MS=${RAYFABRIC_OP_TIMEOUT_MS:-120000} "$BIN" --gtest_filter="$VERBS_GTEST_FILTER"'
   'stale_key_no_mr_cache|90|tests/fabric/fabric_process_test|out=$(FI_MR_CACHE_MAX_COUNT=0 RAYFABRIC_PROVIDER="verbs;ofi_rxm" RAYFABRIC_TEST_DOMAINS=rxe0,rxe1 "$BIN" --gtest_filter="*ReportsTheProviderItUses:*StaleKeyAfterDeregistrationFails" 2>&1); rc=$?; printf "%s\n" "$out"; [ "$rc" = 0 ] || exit "$rc"; grep -q "deregistration_revokes_keys=1 mr_cache=0" <<<"$out" || { echo "!!! FI_MR_CACHE_MAX_COUNT=0 but the profile does not say deregistration revokes keys"; exit 1; }'
   'rayfabric-bench|150|bench/rayfabric-bench|RAYFABRIC_CHUNK_SIZE=${RAYFABRIC_CHUNK_SIZE:-256K} RAYFABRIC_BENCH_SERVER_DOMAIN=rxe1 "$BIN" --provider "verbs;ofi_rxm" --domain rxe0 --sizes 4K,1M,64M --verify --iters ${VERBS_BENCH_ITERS:-3}'
 )
@@ -295,7 +295,7 @@ host_main() {
     command -v qemu-system-x86_64 >/dev/null 2>&1 || command -v apt-get >/dev/null 2>&1 ||
         cannot_start "no qemu-system-x86_64 and no apt-get to install it" "install qemu-system-x86 (Debian)"
 
-    local GT=${GUEST_TIMEOUT:-570}
+    local GT=${GUEST_TIMEOUT:-720}
     if [ "${VERBS_AGENT:-0}" = 1 ]; then
         GT=${GUEST_TIMEOUT:-1500}
         export GUEST_MEM=${GUEST_MEM:-4G}
