@@ -116,7 +116,7 @@ def _pull(refs, timeout):
         return
     core_worker = ray._private.worker.global_worker.core_worker
     locations = ray.experimental.get_object_locations(ready)
-    items, sizes = [], {}
+    candidates = []  # (ref, holder node ids) worth a pull
     for ref in ready:
         loc = locations.get(ref) or {}
         nodes = loc.get("node_ids") or []
@@ -129,35 +129,58 @@ def _pull(refs, timeout):
         if size < MIN_OBJECT_BYTES:
             _count("ray_path_small")
             continue
-        source = next((agents[n]["address"] for n in nodes if n in agents), None)
-        if source is None:
-            _fallback("no rayfabric agent on the node(s) holding the object")
-            continue
-        items.append(pb.PullItem(object_id=ref.binary(), owner=_owner(core_worker, ref), source_agent=source))
-        sizes[ref.binary()] = size
-    if not items:
-        return
-    left = PULL_TIMEOUT_S if deadline is None else max(0.1, min(PULL_TIMEOUT_S, deadline - time.monotonic()))
-    try:
-        reply = _client(local["address"]).pull(items, left)
-    except Exception as e:  # noqa: BLE001 - agent dead/unreachable: Ray's path
-        code = e.code().name if hasattr(e, "code") else type(e).__name__
-        _fallback(f"local agent at {local['address']} did not answer ({code})", len(items))
-        _agents_cache["at"] = 0.0
-        return
-    for r in reply.results:
-        if r.outcome == pb.PULLED:
-            with _lock:
-                _stats["objects_pulled"] += 1
-                _stats["bytes_pulled"] += r.bytes
-        elif r.outcome == pb.ALREADY_LOCAL:
-            _count("already_local")
-        elif r.outcome == pb.STOOD_ASIDE:
-            _count("stood_aside")
-        else:
-            if r.error_code == "Unavailable":
-                _agents_cache["at"] = 0.0  # an agent moved or died: read the KV again next time
-            _fallback(f"pull failed: {r.error_code}: {r.error[:200]}")
+        candidates.append((ref, nodes))
+    # A source agent that does not answer may have been restarted at a new address: read the KV
+    # again and retry those objects once, before leaving them to Ray's path.
+    for attempt in range(2):
+        items = []
+        for ref, nodes in candidates:
+            source = next((agents[n]["address"] for n in nodes if n in agents), None)
+            if source is None:
+                _fallback("no rayfabric agent on the node(s) holding the object")
+                continue
+            items.append(pb.PullItem(object_id=ref.binary(), owner=_owner(core_worker, ref), source_agent=source))
+        if not items:
+            return
+        left = PULL_TIMEOUT_S if deadline is None else max(0.1, min(PULL_TIMEOUT_S, deadline - time.monotonic()))
+        try:
+            reply = _client(local["address"]).pull(items, left)
+        except Exception as e:  # noqa: BLE001 - agent dead/unreachable: Ray's path
+            code = e.code().name if hasattr(e, "code") else type(e).__name__
+            _fallback(f"local agent at {local['address']} did not answer ({code})", len(items))
+            _agents_cache["at"] = 0.0
+            return
+        unreachable = {}
+        for item, r in zip(items, reply.results):
+            if r.outcome == pb.PULLED:
+                with _lock:
+                    _stats["objects_pulled"] += 1
+                    _stats["bytes_pulled"] += r.bytes
+            elif r.outcome == pb.ALREADY_LOCAL:
+                _count("already_local")
+            elif r.outcome == pb.STOOD_ASIDE:
+                _count("stood_aside")
+            elif r.error_code == "Unavailable" and attempt == 0:
+                unreachable[item.object_id] = (item.source_agent, r)
+            else:
+                if r.error_code == "Unavailable":
+                    _agents_cache["at"] = 0.0  # an agent moved or died: read the KV again next time
+                _fallback(f"pull failed: {r.error_code}: {r.error[:200]}")
+        if not unreachable:
+            return
+        agents = _agent_records(refresh=True)
+        retry = []
+        for ref, nodes in candidates:
+            if ref.binary() not in unreachable:
+                continue
+            old_source, r = unreachable[ref.binary()]
+            if any(agents[n]["address"] != old_source for n in nodes if n in agents):
+                retry.append((ref, nodes))
+            else:
+                _fallback(f"pull failed: {r.error_code}: {r.error[:200]}")
+        candidates = retry
+        if not candidates:
+            return
 
 
 def prefetch(refs, timeout=None):

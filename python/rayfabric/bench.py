@@ -367,7 +367,6 @@ class Bench:
                         by_res[int(r[len("rfbench_n"):])] = n["NodeID"]
             self.nodes = [by_res[i] for i in range(a.nodes)]
             self.embedded = True
-        self.node_ip = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         self.probes = {n: Probe.options(**self.place(n)).remote() for n in self.nodes}
         self.raylet_pids = dict(zip(self.nodes, ray.get([self.probes[n].raylet_pid.remote() for n in self.nodes])))
         for n, pid in self.raylet_pids.items():
@@ -486,6 +485,11 @@ class Bench:
                         pass
                     del self.consumers[key]
                     ray.get(self.consumer(*key).locations_per_owner.remote(True))
+                for p in ("ray", "rayfabric"):  # untimed: the new workers' first calls connect
+                    try:
+                        self.transfer(p, "numpy", MiB, 1, sources, consumers, verify=False)
+                    except Exception:  # noqa: BLE001 - the timed attempt below reports
+                        pass
                 self.per_owner_since = self.per_owner_since or label
                 note = (f"from '{self.per_owner_since}' on, after a consumer worker died, consumers call Ray's "
                         f"get_object_locations once per owner (workaround for Ray 2.60's GetLocationFromOwner "
