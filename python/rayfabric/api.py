@@ -17,8 +17,13 @@ log = logging.getLogger("rayfabric")
 # call itself through it.
 _ray_get = ray.get
 
-# Objects smaller than this go through Ray's own path (a pull's fixed cost is not worth it).
+# Objects smaller than this go through Ray's own path (a pull's fixed cost is not worth it) ...
 MIN_OBJECT_BYTES = int(os.environ.get("RAYFABRIC_MIN_OBJECT_BYTES", str(64 << 10)))
+# ... and so does a whole get whose remote objects add up to less than this: one Pull costs a few
+# round trips between processes, which Ray's own pull of one small object does not pay
+# (docs/benchmarks.md: crossover near 1 MiB on loopback TCP); many small objects in one get
+# share one Pull and gain.
+MIN_PULL_BYTES = int(os.environ.get("RAYFABRIC_MIN_PULL_BYTES", str(1 << 20)))
 PULL_TIMEOUT_S = float(os.environ.get("RAYFABRIC_PULL_TIMEOUT_S", "60"))
 
 _lock = threading.Lock()
@@ -97,6 +102,21 @@ def _owner(core_worker, ref):
                            worker_id=addr.worker_id)
 
 
+def _locations(core_worker, refs):
+    """ray.experimental.get_object_locations, one call per owner and at most 5,000 refs a call.
+    Ray 2.60's GetLocationFromOwner can abort the calling worker ("std::future_error: Promise
+    already satisfied") when one call spans several owners or 10,000-object batches: its count of
+    outstanding replies reaches zero before the last request is sent (docs/benchmarks.md)."""
+    groups = {}
+    for ref in refs:
+        groups.setdefault(core_worker.get_owner_address(ref), []).append(ref)
+    out = {}
+    for group in groups.values():
+        for i in range(0, len(group), 5000):
+            out.update(ray.experimental.get_object_locations(group[i:i + 5000]))
+    return out
+
+
 def _pull(refs, timeout):
     """Pulls by the fabric what is in another node's plasma; returns nothing, counts everything.
     Never raises for a transfer problem: whatever did not arrive is left to Ray's path."""
@@ -115,8 +135,9 @@ def _pull(refs, timeout):
                   len(ready))
         return
     core_worker = ray._private.worker.global_worker.core_worker
-    locations = ray.experimental.get_object_locations(ready)
+    locations = _locations(core_worker, ready)
     candidates = []  # (ref, holder node ids) worth a pull
+    total = 0
     for ref in ready:
         loc = locations.get(ref) or {}
         nodes = loc.get("node_ids") or []
@@ -130,6 +151,10 @@ def _pull(refs, timeout):
             _count("ray_path_small")
             continue
         candidates.append((ref, nodes))
+        total += size
+    if candidates and total < MIN_PULL_BYTES:
+        _count("ray_path_small", len(candidates))
+        return
     # A source agent that does not answer may have been restarted at a new address: read the KV
     # again and retry those objects once, before leaving them to Ray's path.
     for attempt in range(2):

@@ -8,6 +8,7 @@
 
 #include "rayfabric/hex.h"
 #include "rayfabric/log.h"
+#include "rayfabric/memory.h"
 #include "rayfabric/object_id.h"
 
 namespace rayfabric::agent {
@@ -104,9 +105,16 @@ Agent::Agent(AgentOptions options, std::unique_ptr<plasma::PlasmaClient> serve_s
   serve_store_->SetSegmentCallbacks(nullptr, on_unmapped);
   pull_store_->SetSegmentCallbacks(nullptr, on_unmapped);
   sweeper_ = std::thread([this] { SweepLoop(); });
+  releaser_ = std::thread([this] { ReleaseLoop(); });
 }
 
 Agent::~Agent() {
+  {
+    std::lock_guard<std::mutex> lock(release_mu_);
+    stopping_releases_ = true;
+  }
+  release_cv_.notify_all();
+  releaser_.join();
   {
     std::lock_guard<std::mutex> lock(sweep_mu_);
     stopping_ = true;
@@ -225,7 +233,7 @@ v1::PullReply Agent::Pull(const v1::PullRequest& request) {
       Clock::now() +
       std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms() : op_timeout_ms_);
   std::vector<PullJob> jobs(static_cast<size_t>(request.items_size()));
-  std::map<std::string, std::vector<PullJob*>> by_source;
+  std::vector<PullJob*> pending;
   for (int i = 0; i < request.items_size(); ++i) {
     PullJob& job = jobs[static_cast<size_t>(i)];
     job.item = &request.items(i);
@@ -248,9 +256,9 @@ v1::PullReply Agent::Pull(const v1::PullRequest& request) {
       ++pulls_already_local_;
       continue;
     }
-    by_source[job.item->source_agent()].push_back(&job);
+    pending.push_back(&job);
   }
-  for (auto& [source, group] : by_source) PullFromSource(source, group, deadline);
+  PullOnce(std::move(pending), deadline);
   for (const PullJob& job : jobs) {
     if (job.result->outcome() == v1::FAILED) {
       ++pulls_failed_;
@@ -259,6 +267,75 @@ v1::PullReply Agent::Pull(const v1::PullRequest& request) {
     }
   }
   return reply;
+}
+
+void Agent::PullOnce(std::vector<PullJob*> pending, Clock::time_point deadline) {
+  while (!pending.empty()) {
+    std::map<std::string, std::vector<PullJob*>> by_source;
+    std::vector<PullJob*> waiting;
+    {
+      std::lock_guard<std::mutex> lock(in_flight_mu_);
+      for (PullJob* job : pending) {
+        if (in_flight_.insert(job->id).second) {
+          by_source[job->item->source_agent()].push_back(job);
+        } else {
+          waiting.push_back(job);
+        }
+      }
+    }
+    pending.clear();
+    // Sources are pulled concurrently (fan-in): each has its own lease and reads; the store
+    // connection and the engine serialize what must be.
+    std::vector<std::thread> others;
+    for (auto it = by_source.begin(); it != by_source.end(); ++it) {
+      if (it == by_source.begin()) continue;
+      others.emplace_back([this, it, deadline] { PullFromSource(it->first, it->second, deadline); });
+    }
+    if (!by_source.empty()) {
+      PullFromSource(by_source.begin()->first, by_source.begin()->second, deadline);
+    }
+    for (std::thread& t : others) t.join();
+    {
+      std::lock_guard<std::mutex> lock(in_flight_mu_);
+      for (auto& [source, group] : by_source) {
+        for (PullJob* job : group) in_flight_.erase(job->id);
+      }
+    }
+    in_flight_cv_.notify_all();
+    if (waiting.empty()) return;
+
+    std::vector<bool> still_in_flight(waiting.size());
+    {
+      std::unique_lock<std::mutex> lock(in_flight_mu_);
+      in_flight_cv_.wait_until(lock, deadline, [&] {
+        return std::none_of(waiting.begin(), waiting.end(),
+                            [&](PullJob* job) { return in_flight_.count(job->id) > 0; });
+      });
+      for (size_t i = 0; i < waiting.size(); ++i) {
+        still_in_flight[i] = in_flight_.count(waiting[i]->id) > 0;
+      }
+    }
+    for (size_t i = 0; i < waiting.size(); ++i) {
+      PullJob* job = waiting[i];
+      if (still_in_flight[i]) {
+        // Still arriving by another pull at our deadline: Ray's get waits for that replica.
+        job->result->set_outcome(v1::STOOD_ASIDE);
+        ++pulls_stood_aside_;
+        continue;
+      }
+      auto local = pull_store_->Contains(job->id);
+      if (local.ok() && *local) {
+        job->result->set_outcome(v1::ALREADY_LOCAL);
+        ++pulls_already_local_;
+      } else if (Clock::now() < deadline) {
+        pending.push_back(job);  // the other pull failed: try ourselves
+      } else {
+        SetError(*job->result, TimedOut("object " + job->id.Hex() +
+                                        " was being pulled by another request that failed, "
+                                        "and this pull's deadline has passed"));
+      }
+    }
+  }
 }
 
 void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
@@ -355,6 +432,12 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
         if (region.ok()) local = *region;
       }
       if (s.ok()) {
+        // The replica's pages may be new to this process's mapping of the store: map them in one
+        // call rather than take a fault per page while the provider writes into them.
+        Status populated = PopulateForWrite(job.replica.data, bytes);
+        if (!populated.ok() && !populate_warned_.exchange(true)) {
+          RF_LOG(kInfo, "replicas are not populated before reads: " << populated.message());
+        }
         auto started = engine_->Start(fabric::RmaOp::kRead, peer, remote, local,
                                       {{job.replica.data, bytes, job.lease.offset()}});
         s = started.status();
@@ -405,15 +488,34 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
     ref->set_lease_id(job->lease.lease_id());
     ref->set_token(job->lease.token());
   }
-  if (release.leases_size() > 0) {
+  if (release.leases_size() > 0) QueueRelease(source, std::move(release));
+}
+
+void Agent::QueueRelease(const std::string& source, v1::ReleaseRequest request) {
+  {
+    std::lock_guard<std::mutex> lock(release_mu_);
+    releases_.emplace_back(source, std::move(request));
+  }
+  release_cv_.notify_one();
+}
+
+void Agent::ReleaseLoop() {
+  std::unique_lock<std::mutex> lock(release_mu_);
+  while (true) {
+    release_cv_.wait(lock, [this] { return stopping_releases_ || !releases_.empty(); });
+    if (releases_.empty()) return;  // stopping, and everything queued was sent
+    auto [source, release] = std::move(releases_.front());
+    releases_.pop_front();
+    lock.unlock();
     v1::ReleaseReply release_reply;
     grpc::ClientContext release_ctx;
     release_ctx.set_deadline(ToSystem(Clock::now() + kRpcTimeout));
-    grpc::Status r = stub->ReleaseLeases(&release_ctx, release, &release_reply);
+    grpc::Status r = peers_.Get(source)->ReleaseLeases(&release_ctx, release, &release_reply);
     if (!r.ok()) {
       RF_LOG(kWarn, "releasing " << release.leases_size() << " leases at " << source << " failed ("
                                  << r.error_message() << "): they expire by themselves");
     }
+    lock.lock();
   }
 }
 

@@ -6,9 +6,11 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -64,7 +66,14 @@ class Agent {
   v1::Lease LeaseOne(const std::string& object_id, std::chrono::milliseconds ttl);
   void PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
                       std::chrono::steady_clock::time_point deadline);
+  // Pulls `pending`, each object once: one already being pulled by a concurrent Pull is waited
+  // for (the replica can be created only once), then found local, or pulled here if that failed.
+  void PullOnce(std::vector<PullJob*> pending, std::chrono::steady_clock::time_point deadline);
   void SweepLoop();
+  // Leases are released after the Pull has answered (off its critical path), in order, by one
+  // thread; what is queued at shutdown is still sent (or expires at the source by itself).
+  void QueueRelease(const std::string& source, v1::ReleaseRequest request);
+  void ReleaseLoop();
 
   AgentOptions options_;
   std::unique_ptr<plasma::PlasmaClient> serve_store_;
@@ -76,17 +85,28 @@ class Agent {
   int64_t create_timeout_ms_ = 10000;
   int64_t op_timeout_ms_ = 30000;
 
+  std::mutex in_flight_mu_;
+  std::condition_variable in_flight_cv_;
+  std::set<ObjectId> in_flight_;  // objects some Pull is creating and reading right now
+
   std::mutex regions_mu_;
   std::map<uint8_t*, Registered> regions_;  // by segment base
 
   std::atomic<uint64_t> objects_pulled_{0}, bytes_pulled_{0}, pulls_failed_{0},
       pulls_stood_aside_{0}, pulls_already_local_{0}, leases_granted_{0}, leases_released_{0},
       leases_expired_{0}, leases_refused_{0}, bytes_leased_{0}, requests_rejected_{0};
+  std::atomic<bool> populate_warned_{false};
 
   std::mutex sweep_mu_;
   std::condition_variable sweep_cv_;
   bool stopping_ = false;
   std::thread sweeper_;
+
+  std::mutex release_mu_;
+  std::condition_variable release_cv_;
+  std::deque<std::pair<std::string, v1::ReleaseRequest>> releases_;  // (source agent, request)
+  bool stopping_releases_ = false;
+  std::thread releaser_;
 };
 
 }  // namespace rayfabric::agent
