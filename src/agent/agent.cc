@@ -289,7 +289,8 @@ void Agent::PullOnce(std::vector<PullJob*> pending, Clock::time_point deadline) 
     std::vector<std::thread> others;
     for (auto it = by_source.begin(); it != by_source.end(); ++it) {
       if (it == by_source.begin()) continue;
-      others.emplace_back([this, it, deadline] { PullFromSource(it->first, it->second, deadline); });
+      others.emplace_back(
+          [this, it, deadline] { PullFromSource(it->first, it->second, deadline); });
     }
     if (!by_source.empty()) {
       PullFromSource(by_source.begin()->first, by_source.begin()->second, deadline);

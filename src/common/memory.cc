@@ -22,9 +22,8 @@ Status PopulateForWrite(void* addr, size_t length) {
   if (madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) != 0) {
     const int err = errno;
     return Status(StatusCode::kUnavailable,
-                  "madvise(MADV_POPULATE_WRITE) of " + std::to_string(end - begin) +
-                      " bytes: " + std::strerror(err) +
-                      (err == EINVAL ? " (kernel older than 5.14?)" : ""));
+                  "madvise(MADV_POPULATE_WRITE) of " + std::to_string(end - begin) + " bytes: " +
+                      std::strerror(err) + (err == EINVAL ? " (kernel older than 5.14?)" : ""));
   }
   return Status::OK();
 }
