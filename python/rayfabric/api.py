@@ -102,7 +102,7 @@ def _owner(core_worker, ref):
                            worker_id=addr.worker_id)
 
 
-def _locations(core_worker, refs):
+def _locations(core_worker, refs, get_locations=None):
     """ray.experimental.get_object_locations, one call per owner and at most 5,000 refs a call.
     Ray 2.60's GetLocationFromOwner can abort the calling worker ("std::future_error: Promise
     already satisfied") when one call spans several owners or 10,000-object batches: its count of
@@ -113,7 +113,7 @@ def _locations(core_worker, refs):
     out = {}
     for group in groups.values():
         for i in range(0, len(group), 5000):
-            out.update(ray.experimental.get_object_locations(group[i:i + 5000]))
+            out.update((get_locations or ray.experimental.get_object_locations)(group[i:i + 5000]))
     return out
 
 

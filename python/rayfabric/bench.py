@@ -40,7 +40,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import rayfabric
-from rayfabric import _agents, bin_dir
+from rayfabric import _agents, api, bin_dir
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_PROVIDER = "tcp;ofi_rxm"
@@ -158,18 +158,11 @@ def _per_owner(get_object_locations):
     """Ray 2.60's CoreWorker::GetLocationFromOwner can abort the calling worker ("std::future_error:
     Promise already satisfied") when one call spans several owners (or several 10,000-object
     batches): its counter of outstanding replies reaches zero before the last request is sent.
-    One call per owner, at most 5,000 refs each, avoids that. The bench uses this only after a
-    consumer died (recorded), to measure the transfer at all."""
+    One call per owner, at most 5,000 refs each, avoids that (rayfabric.get itself does so since
+    2026-12-03; this wraps the timed Ray call the same way for --locations-per-owner)."""
     def per_owner(refs, timeout_ms=-1):
         core = ray._private.worker.global_worker.core_worker
-        groups = {}
-        for r in refs:
-            groups.setdefault(core.get_owner_address(r), []).append(r)
-        out = {}
-        for group in groups.values():
-            for i in range(0, len(group), 5000):
-                out.update(get_object_locations(group[i:i + 5000], timeout_ms))
-        return out
+        return api._locations(core, refs, lambda group: get_object_locations(group, timeout_ms))
     return per_owner
 
 

@@ -4,11 +4,11 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 
+#include <strings.h>
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
-#include <strings.h>
 
 #include "fabric/fabric_error.h"
 
@@ -91,37 +91,44 @@ void DecideKeyLifetime(ProviderProfile& p) {
       p.key_lifetime = "verbs MR cache off (FI_MR_CACHE_MAX_COUNT=" + std::string(max_count) +
                        "): fi_close() deregisters the ibv MR at once";
     } else if (monitor != nullptr && std::strcmp(monitor, "disabled") == 0) {
-      p.key_lifetime = "verbs MR cache off (FI_MR_CACHE_MONITOR=disabled): fi_close() deregisters the ibv MR at once";
+      p.key_lifetime =
+          "verbs MR cache off (FI_MR_CACHE_MONITOR=disabled): fi_close() deregisters the ibv MR at "
+          "once";
     } else {
       p.mr_cache = true;
-      p.key_lifetime = "verbs registers through libfabric's MR cache: after fi_close() the ibv MR and its key "
-                       "stay valid until the cache evicts it (FI_MR_CACHE_MAX_COUNT, default 1024) or the pages "
-                       "are unmapped; set FI_MR_CACHE_MAX_COUNT=0 to make deregistration revoke keys";
+      p.key_lifetime =
+          "verbs registers through libfabric's MR cache: after fi_close() the ibv MR and its key "
+          "stay valid until the cache evicts it (FI_MR_CACHE_MAX_COUNT, default 1024) or the pages "
+          "are unmapped; set FI_MR_CACHE_MAX_COUNT=0 to make deregistration revoke keys";
     }
     p.deregistration_revokes_keys = !p.mr_cache;
   } else if (core == "efa") {
     if (p.local_desc) {
       p.key_lifetime = "efa with FI_MR_LOCAL opens no MR cache: fi_close() deregisters at once";
     } else if (FiEnvBool("FI_EFA_MR_CACHE_ENABLE", 1) == 0) {
-      p.key_lifetime = "efa MR cache off (FI_EFA_MR_CACHE_ENABLE=0): fi_close() deregisters at once";
+      p.key_lifetime =
+          "efa MR cache off (FI_EFA_MR_CACHE_ENABLE=0): fi_close() deregisters at once";
     } else {
       p.mr_cache = true;
-      p.key_lifetime = "efa without FI_MR_LOCAL registers through libfabric's MR cache: keys outlive fi_close() "
-                       "until evicted; set FI_EFA_MR_CACHE_ENABLE=0 to make deregistration revoke keys";
+      p.key_lifetime =
+          "efa without FI_MR_LOCAL registers through libfabric's MR cache: keys outlive fi_close() "
+          "until evicted; set FI_EFA_MR_CACHE_ENABLE=0 to make deregistration revoke keys";
     }
     p.deregistration_revokes_keys = !p.mr_cache;
   } else if (core == "shm") {
     p.checks_remote_keys = false;
     p.deregistration_revokes_keys = false;
-    p.key_lifetime = "shm never checks RMA keys (process_vm_readv/writev): any same-host peer with the address "
-                     "can access the memory while it is mapped, registered or not";
+    p.key_lifetime =
+        "shm never checks RMA keys (process_vm_readv/writev): any same-host peer with the address "
+        "can access the memory while it is mapped, registered or not";
   } else if (core == "tcp" || core == "net" || core == "sockets") {
     p.deregistration_revokes_keys = true;
     p.key_lifetime = core + " verifies keys in its MR map; fi_close() removes them at once";
   } else {
     // psm2, psm3, opx, cxi, usnic, ...: not checked against their sources; do not promise.
     p.deregistration_revokes_keys = false;
-    p.key_lifetime = "not known for provider " + name + ": assume a deregistered key may stay valid";
+    p.key_lifetime =
+        "not known for provider " + name + ": assume a deregistered key may stay valid";
   }
 }
 
@@ -148,8 +155,8 @@ std::unique_ptr<struct fi_info, InfoDeleter> EngineHints() {
   hints->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
   // Every op carries a struct fi_context2 as its context, so both context modes are fine.
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
-  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
-                                FI_MR_ENDPOINT | FI_MR_RAW;
+  hints->domain_attr->mr_mode =
+      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT | FI_MR_RAW;
   hints->domain_attr->threading = FI_THREAD_SAFE;
   hints->domain_attr->av_type = FI_AV_UNSPEC;
   return hints;
@@ -192,10 +199,12 @@ Result<SelectedProvider> SelectProviderInfo(const Config& config) {
   int ret = fi_getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, hints.get(), &raw);
   std::unique_ptr<struct fi_info, InfoDeleter> infos(raw);
   const char* fi_provider_env = std::getenv("FI_PROVIDER");
-  std::string filters = std::string("provider='") + want_provider + "' domain='" + want_domain +
-                        "'" + (fi_provider_env ? std::string(" FI_PROVIDER='") + fi_provider_env + "'" : "");
+  std::string filters =
+      std::string("provider='") + want_provider + "' domain='" + want_domain + "'" +
+      (fi_provider_env ? std::string(" FI_PROVIDER='") + fi_provider_env + "'" : "");
   if (ret == -FI_ENODATA || (ret == 0 && infos == nullptr)) {
-    return NotFound("no libfabric provider offers RDM endpoints with RMA read/write for " + filters +
+    return NotFound("no libfabric provider offers RDM endpoints with RMA read/write for " +
+                    filters +
                     ". `fi_info -l` lists the installed providers; `rayfabric doctor` explains why "
                     "an RDMA device is not usable; unset RAYFABRIC_PROVIDER/FI_PROVIDER to let "
                     "rayfabric choose");
@@ -205,6 +214,7 @@ Result<SelectedProvider> SelectProviderInfo(const Config& config) {
   ProviderReport report;
   const struct fi_info* best = nullptr;
   int best_score = -1;
+  std::string other_domains;  // what fi_info offered on domains other than the requested one
   for (const struct fi_info* i = infos.get(); i != nullptr; i = i->next) {
     ProviderCandidate c;
     c.provider = i->fabric_attr->prov_name ? i->fabric_attr->prov_name : "?";
@@ -214,6 +224,12 @@ Result<SelectedProvider> SelectProviderInfo(const Config& config) {
                                    return o.provider == c.provider && o.domain == c.domain;
                                  });
     if (duplicate) continue;  // fi_info lists one entry per address format / mode combination
+    // Utility providers (ofi_rxm over tcp in libfabric 1.17) ignore the domain name hint and
+    // list every domain: the requested domain is enforced here.
+    if (!want_domain.empty() && c.domain != want_domain) {
+      other_domains += " " + c.provider + "/" + c.domain;
+      continue;
+    }
     const ProviderRank* rank = FindRank(c.provider);
     c.rank = rank ? rank->rank : 1;
     c.rdma = rank && rank->rdma;
@@ -226,6 +242,12 @@ Result<SelectedProvider> SelectProviderInfo(const Config& config) {
       best = i;
     }
     report.candidates.push_back(c);
+  }
+  if (report.candidates.empty()) {
+    return NotFound("no libfabric provider offers domain '" + want_domain + "' for " + filters +
+                    " (offered instead:" + other_domains +
+                    "). Set RAYFABRIC_DOMAIN to one of those, or unset it to let rayfabric "
+                    "choose; `rayfabric doctor` lists every domain");
   }
   if (best == nullptr) {
     std::string seen;
@@ -247,11 +269,14 @@ Result<SelectedProvider> SelectProviderInfo(const Config& config) {
   }
   const ProviderRank* rank = FindRank(report.chosen.provider);
   std::string why = !want_provider.empty() ? "requested by RAYFABRIC_PROVIDER/--provider"
-                    : fi_provider_env       ? "FI_PROVIDER restricts libfabric to it"
-                                            : "highest ranked of what fi_info offers";
-  report.reason = report.chosen.provider + " on domain " + report.chosen.domain + ": " + why +
-                  (rank ? std::string(" (") + rank->note + ")" : std::string(" (unranked provider)")) +
-                  (report.chosen.rdma ? "" : "; NOT RDMA: the CPU copies every byte (socket or shared-memory emulation)");
+                    : fi_provider_env      ? "FI_PROVIDER restricts libfabric to it"
+                                           : "highest ranked of what fi_info offers";
+  report.reason =
+      report.chosen.provider + " on domain " + report.chosen.domain + ": " + why +
+      (rank ? std::string(" (") + rank->note + ")" : std::string(" (unranked provider)")) +
+      (report.chosen.rdma
+           ? ""
+           : "; NOT RDMA: the CPU copies every byte (socket or shared-memory emulation)");
   SelectedProvider out;
   out.report = std::move(report);
   out.info.reset(fi_dupinfo(best));
@@ -267,15 +292,16 @@ std::string ProviderReport::ToString() const {
   std::ostringstream os;
   const ProviderProfile& p = chosen;
   os << "provider " << p.provider << " domain " << p.domain << " (" << reason << ")\n";
-  os << "  mr_mode:" << (p.local_desc ? " FI_MR_LOCAL" : "") << (p.virt_addr ? " FI_MR_VIRT_ADDR" : "")
-     << (p.allocated ? " FI_MR_ALLOCATED" : "") << (p.prov_key ? " FI_MR_PROV_KEY" : "")
-     << (p.endpoint_mr ? " FI_MR_ENDPOINT" : "") << (p.raw_key ? " FI_MR_RAW" : "")
-     << " key_size=" << p.key_size << " max_msg_size=" << p.max_msg_size
-     << " rma_iov_limit=" << p.rma_iov_limit
+  os << "  mr_mode:" << (p.local_desc ? " FI_MR_LOCAL" : "")
+     << (p.virt_addr ? " FI_MR_VIRT_ADDR" : "") << (p.allocated ? " FI_MR_ALLOCATED" : "")
+     << (p.prov_key ? " FI_MR_PROV_KEY" : "") << (p.endpoint_mr ? " FI_MR_ENDPOINT" : "")
+     << (p.raw_key ? " FI_MR_RAW" : "") << " key_size=" << p.key_size
+     << " max_msg_size=" << p.max_msg_size << " rma_iov_limit=" << p.rma_iov_limit
      << " progress=" << (p.manual_progress ? "manual" : "auto") << "\n";
-  os << "  keys: checked=" << (p.checks_remote_keys ? "yes" : "NO") << " mr_cache=" << (p.mr_cache ? "yes" : "no")
-     << " deregistration_revokes_keys=" << (p.deregistration_revokes_keys ? "yes" : "NO") << " (" << p.key_lifetime
-     << ")\n";
+  os << "  keys: checked=" << (p.checks_remote_keys ? "yes" : "NO")
+     << " mr_cache=" << (p.mr_cache ? "yes" : "no")
+     << " deregistration_revokes_keys=" << (p.deregistration_revokes_keys ? "yes" : "NO") << " ("
+     << p.key_lifetime << ")\n";
   for (const auto& c : candidates) {
     os << "  candidate " << c.provider << "/" << c.domain << " rank " << c.rank
        << (c.rdma ? " rdma" : "") << ": " << c.verdict << "\n";
@@ -299,8 +325,9 @@ std::string ProviderReport::ToJson() const {
   for (size_t i = 0; i < candidates.size(); ++i) {
     const auto& c = candidates[i];
     os << (i ? "," : "") << "{\"provider\":\"" << JsonEscape(c.provider) << "\",\"domain\":\""
-       << JsonEscape(c.domain) << "\",\"rank\":" << c.rank << ",\"rdma\":" << (c.rdma ? "true" : "false")
-       << ",\"verdict\":\"" << JsonEscape(c.verdict) << "\"}";
+       << JsonEscape(c.domain) << "\",\"rank\":" << c.rank
+       << ",\"rdma\":" << (c.rdma ? "true" : "false") << ",\"verdict\":\"" << JsonEscape(c.verdict)
+       << "\"}";
   }
   os << "]}";
   return os.str();

@@ -103,7 +103,8 @@ def fetch(refs, mode="get", timeout=120):
     t0 = time.perf_counter()
     if mode == "prefetch":
         rf.prefetch(refs, timeout=timeout)
-        locs = ray.experimental.get_object_locations(refs)
+        # Per owner, as rayfabric.get does: one Ray 2.60 call across owners can abort this worker.
+        locs = rf.api._locations(ray._private.worker.global_worker.core_worker, refs)
         local_before_get = [here in locs[r]["node_ids"] for r in refs]
         values = ray.get(refs, timeout=timeout)
     else:

@@ -15,26 +15,9 @@
 extern char** environ;
 
 namespace rayfabric::testing {
-std::string ToHex(const std::string& bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out += digits[c >> 4];
-    out += digits[c & 15];
-  }
-  return out;
-}
-
-std::string FromHex(const std::string& hex) {
-  std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
-    out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
-  }
-  return out;
-}
-
 Buffer::Buffer(size_t length) : length_(length) {
-  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) {
     std::perror("mmap");
     std::abort();
@@ -57,8 +40,8 @@ PeerProcess::PeerProcess(const std::string& self, uint64_t size, uint64_t seed,
   posix_spawn_file_actions_adddup2(&fa, from_child[1], 1);
   posix_spawn_file_actions_addclose(&fa, to_child[1]);
   posix_spawn_file_actions_addclose(&fa, from_child[0]);
-  std::vector<std::string> args = {self, "--peer", "--size", std::to_string(size), "--seed",
-                                   std::to_string(seed)};
+  std::vector<std::string> args = {
+      self, "--peer", "--size", std::to_string(size), "--seed", std::to_string(seed)};
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) env.emplace_back(*e);
   std::istringstream extra(extra_env);
@@ -87,8 +70,14 @@ PeerProcess::PeerProcess(const std::string& self, uint64_t size, uint64_t seed,
     error_ = "peer did not start: '" + line + "'";
     return;
   }
-  address_ = FromHex(addr_hex);
-  auto region = fabric::RemoteRegion::Parse(FromHex(region_hex));
+  auto address = HexToBytes(addr_hex);
+  auto region_bytes = HexToBytes(region_hex);
+  if (!address.ok() || !region_bytes.ok()) {
+    error_ = "peer sent a malformed READY line: '" + line + "'";
+    return;
+  }
+  address_ = *address;
+  auto region = fabric::RemoteRegion::Parse(*region_bytes);
   if (!region.ok()) {
     error_ = region.status().ToString();
     return;
@@ -153,8 +142,8 @@ int PeerMain(int argc, char** argv) {
     return 1;
   }
   std::shared_ptr<fabric::MemoryRegion> mr = std::move(*region);
-  std::cout << "READY " << ToHex((*engine)->Address()) << " " << ToHex(mr->Describe().Serialize())
-            << std::endl;
+  std::cout << "READY " << BytesToHex((*engine)->Address()) << " "
+            << BytesToHex(mr->Describe().Serialize()) << std::endl;
   for (std::string line; std::getline(std::cin, line);) {
     std::istringstream in(line);
     std::string cmd;

@@ -11,15 +11,13 @@
 #include <string>
 
 #include "rayfabric/fabric.h"
+#include "rayfabric/hex.h"
 #include "rayfabric/pattern.h"
 
 namespace rayfabric::testing {
 
 using ::rayfabric::FillPattern;
 using ::rayfabric::FirstMismatch;
-
-std::string ToHex(const std::string& bytes);
-std::string FromHex(const std::string& hex);
 
 // Anonymous memory, pre-faulted (first touch runs at a fraction of memcpy speed here).
 class Buffer {
@@ -39,7 +37,8 @@ class Buffer {
 class PeerProcess {
  public:
   // Starts `self --peer --size N --seed S`; extra_env is "NAME=value" pairs (e.g. a domain).
-  PeerProcess(const std::string& self, uint64_t size, uint64_t seed, const std::string& extra_env = "");
+  PeerProcess(const std::string& self, uint64_t size, uint64_t seed,
+              const std::string& extra_env = "");
   ~PeerProcess();
 
   bool ready() const { return ready_; }
