@@ -273,6 +273,7 @@ Result<SelectedProvider> SelectProviderInfo(const Config& config) {
                                            : "highest ranked of what fi_info offers";
   report.reason =
       report.chosen.provider + " on domain " + report.chosen.domain + ": " + why +
+      (want_domain.empty() ? "" : "; domain requested by RAYFABRIC_DOMAIN") +
       (rank ? std::string(" (") + rank->note + ")" : std::string(" (unranked provider)")) +
       (report.chosen.rdma
            ? ""

@@ -79,3 +79,23 @@ def test_start_status_get_stop(ray_start_cluster):
     # Without agents a get still works, through Ray's path, and says why once.
     got = run(PY, "-c", DRIVER, address)
     assert "PULLED 0" in got.stdout and "no rayfabric agent on this node" in got.stderr
+
+
+def test_bench_against_the_ray_start_cluster(ray_start_cluster, tmp_path):
+    """`rayfabric bench --address`: the same measurement on a cluster it did not start; agents it
+    started itself are stopped at the end."""
+    address = ray_start_cluster
+    out = tmp_path / "bench.json"
+    run(PY, "-m", "rayfabric", "bench", "--address", address, "--provider", "tcp;ofi_rxm", "--sizes", "1M",
+        "--kinds", "numpy", "--reps", "2", "--cases", "single", "--touch", "0", "--no-ceiling",
+        "--json", str(out), timeout=300)
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["cluster"] == "address " + address, doc["meta"]["cluster"]
+    [row] = doc["rows"]
+    assert (row["case"], row["size"]) == ("single", 1 << 20)
+    for path in ("ray", "rayfabric"):
+        assert row[path]["gbps"] > 0 and row[path]["bytes_ok"] is True, row[path]
+    fab = row["rayfabric"]["fabric"]
+    assert fab["fallbacks"] == 0 and fab["objects_pulled"] == fab["objects_requested"] == 2, fab
+    st = json.loads(run(PY, "-m", "rayfabric", "status", "--address", address, "--json").stdout)
+    assert st["agents"] == {}, "the bench left the agents it started running"

@@ -25,6 +25,8 @@ TEST(ProviderSelection, EveryOfferedDomainCanBeRequestedByName) {
     EXPECT_EQ(one->chosen.domain, c.domain);
     EXPECT_EQ(one->candidates.size(), 1U) << "only the requested domain is a candidate";
     EXPECT_EQ(one->candidates[0].verdict, "chosen");
+    EXPECT_NE(one->reason.find("domain requested by RAYFABRIC_DOMAIN"), std::string::npos)
+        << one->reason;
   }
 }
 
