@@ -17,12 +17,14 @@ namespace rayfabric {
 Status PopulateForWrite(void* addr, size_t length) {
   if (length == 0) return Status::OK();
   static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(addr) + length + page - 1) & ~(page - 1);
-  if (madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) != 0) {
+  // Widen to page boundaries by pointer arithmetic (keeps the pointer's provenance).
+  const uintptr_t head = reinterpret_cast<uintptr_t>(addr) & (page - 1);
+  char* begin = static_cast<char*>(addr) - head;
+  const size_t span = (head + length + page - 1) & ~(page - 1);
+  if (madvise(begin, span, MADV_POPULATE_WRITE) != 0) {
     const int err = errno;
     return Status(StatusCode::kUnavailable,
-                  "madvise(MADV_POPULATE_WRITE) of " + std::to_string(end - begin) + " bytes: " +
+                  "madvise(MADV_POPULATE_WRITE) of " + std::to_string(span) + " bytes: " +
                       std::strerror(err) + (err == EINVAL ? " (kernel older than 5.14?)" : ""));
   }
   return Status::OK();
