@@ -7,6 +7,7 @@ case runs on the first one only (time)."""
 import concurrent.futures
 import hashlib
 import os
+import socket
 import time
 
 import numpy as np
@@ -279,6 +280,52 @@ def test_objects_of_two_owners_on_two_nodes_in_one_get(cluster):
     assert out["local_before_get"] == [True, True]
     del refs, from_actor, from_driver
     ray.kill(owner)
+
+
+def test_pull_behind_a_stuck_pull_of_the_same_object(cluster):
+    """A Pull of an object that another Pull of the same agent is still bringing in does not create
+    it twice: if that one is still stuck at this Pull's deadline it stands aside (Ray's get waits
+    for that replica); if that one fails first, this Pull tries the source itself. The stuck
+    source is a hung agent: a TCP listener that never answers (fault injection)."""
+    from rayfabric.api import _owner
+    ref = ray.put(make_value("numpy", 2 * MiB, 81))  # on n0
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(16)
+    source = f"127.0.0.1:{hung.getsockname()[1]}"
+    item = pb.PullItem(object_id=ref.binary(), owner=_owner(ray._private.worker.global_worker.core_worker, ref),
+                       source_agent=source)
+    c = client_of(cluster, "n1")
+    try:
+        before = c.status()
+        with concurrent_pool(1) as pool:
+            stuck = pool.submit(c.pull, [item], 4)
+            time.sleep(0.5)  # the first Pull has claimed the object
+            aside = c.pull([item], 1).results[0]
+            first = stuck.result().results[0]
+        assert aside.outcome == pb.STOOD_ASIDE, aside
+        assert first.outcome == pb.FAILED and first.error_code == "Unavailable", first
+        assert source in first.error and "is rayfabricd running" in first.error, first.error
+        mid = c.status()
+        assert mid.pulls_stood_aside - before.pulls_stood_aside == 1
+        assert mid.pulls_failed - before.pulls_failed == 1
+        with concurrent_pool(1) as pool:
+            stuck = pool.submit(c.pull, [item], 1)
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            retried = c.pull([item], 3).results[0]
+            waited = time.monotonic() - t0
+            first = stuck.result().results[0]
+        assert first.outcome == pb.FAILED and first.error_code == "Unavailable", first
+        # Not stood aside: after the first failed, this one leased from the source itself, until
+        # its own deadline.
+        assert retried.outcome == pb.FAILED and retried.error_code == "Unavailable", retried
+        assert waited >= 2.5, waited
+        assert c.status().pulls_failed - mid.pulls_failed == 2
+    finally:
+        hung.close()
+    del ref
+    assert wait_idle() == {}
 
 
 def test_forged_and_expired_leases(cluster):
