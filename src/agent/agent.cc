@@ -21,6 +21,7 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kWaveObjects = 512;
 constexpr uint64_t kWaveBytes = 1ULL << 30;
 constexpr auto kRpcTimeout = std::chrono::seconds(10);
+constexpr auto kReleaseDrain = std::chrono::seconds(2);
 
 // gRPC deadlines are system_clock; ours are steady_clock.
 std::chrono::system_clock::time_point ToSystem(Clock::time_point t) {
@@ -110,10 +111,16 @@ Agent::Agent(AgentOptions options, std::unique_ptr<plasma::PlasmaClient> serve_s
 
 Agent::~Agent() {
   {
-    std::lock_guard<std::mutex> lock(release_mu_);
+    std::unique_lock<std::mutex> lock(release_mu_);
     stopping_releases_ = true;
+    release_drain_deadline_ = Clock::now() + kReleaseDrain;
+    release_cv_.notify_all();
+    // A release already on the wire has a longer deadline than what is left: cut it off.
+    if (!release_cv_.wait_until(lock, release_drain_deadline_, [this] { return releases_done_; }) &&
+        release_in_flight_ != nullptr) {
+      release_in_flight_->TryCancel();
+    }
   }
-  release_cv_.notify_all();
   releaser_.join();
   {
     std::lock_guard<std::mutex> lock(sweep_mu_);
@@ -504,19 +511,35 @@ void Agent::ReleaseLoop() {
   std::unique_lock<std::mutex> lock(release_mu_);
   while (true) {
     release_cv_.wait(lock, [this] { return stopping_releases_ || !releases_.empty(); });
-    if (releases_.empty()) return;  // stopping, and everything queued was sent
+    if (stopping_releases_ && (releases_.empty() || Clock::now() >= release_drain_deadline_)) {
+      if (!releases_.empty()) {
+        size_t leases = 0;
+        for (const auto& queued : releases_) leases += queued.second.leases_size();
+        RF_LOG(kWarn, "stopping: " << leases << " leases in " << releases_.size()
+                                   << " release requests not sent within the shutdown bound; they "
+                                      "expire at their sources by themselves");
+        releases_.clear();
+      }
+      releases_done_ = true;
+      release_cv_.notify_all();
+      return;
+    }
     auto [source, release] = std::move(releases_.front());
     releases_.pop_front();
+    grpc::ClientContext release_ctx;
+    Clock::time_point rpc_deadline = Clock::now() + kRpcTimeout;
+    if (stopping_releases_) rpc_deadline = std::min(rpc_deadline, release_drain_deadline_);
+    release_ctx.set_deadline(ToSystem(rpc_deadline));
+    release_in_flight_ = &release_ctx;
     lock.unlock();
     v1::ReleaseReply release_reply;
-    grpc::ClientContext release_ctx;
-    release_ctx.set_deadline(ToSystem(Clock::now() + kRpcTimeout));
     grpc::Status r = peers_.Get(source)->ReleaseLeases(&release_ctx, release, &release_reply);
     if (!r.ok()) {
       RF_LOG(kWarn, "releasing " << release.leases_size() << " leases at " << source << " failed ("
                                  << r.error_message() << "): they expire by themselves");
     }
     lock.lock();
+    release_in_flight_ = nullptr;
   }
 }
 

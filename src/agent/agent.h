@@ -14,6 +14,8 @@
 #include <string>
 #include <thread>
 
+#include <grpcpp/client_context.h>
+
 #include "agent.pb.h"
 #include "agent/lease_table.h"
 #include "agent/peer_clients.h"
@@ -71,7 +73,8 @@ class Agent {
   void PullOnce(std::vector<PullJob*> pending, std::chrono::steady_clock::time_point deadline);
   void SweepLoop();
   // Leases are released after the Pull has answered (off its critical path), in order, by one
-  // thread; what is queued at shutdown is still sent (or expires at the source by itself).
+  // thread. At shutdown what is queued is still sent, but for kReleaseDrain at most in all: a
+  // source that does not answer must not hold the agent's exit (its leases expire there anyway).
   void QueueRelease(const std::string& source, v1::ReleaseRequest request);
   void ReleaseLoop();
 
@@ -106,6 +109,9 @@ class Agent {
   std::condition_variable release_cv_;
   std::deque<std::pair<std::string, v1::ReleaseRequest>> releases_;  // (source agent, request)
   bool stopping_releases_ = false;
+  bool releases_done_ = false;
+  std::chrono::steady_clock::time_point release_drain_deadline_;
+  grpc::ClientContext* release_in_flight_ = nullptr;  // cancelled when the drain runs out
   std::thread releaser_;
 };
 

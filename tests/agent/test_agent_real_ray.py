@@ -7,7 +7,9 @@ case runs on the first one only (time)."""
 import concurrent.futures
 import hashlib
 import os
+import signal
 import socket
+import threading
 import time
 
 import numpy as np
@@ -335,6 +337,82 @@ def test_pull_behind_a_stuck_pull_of_the_same_object(cluster):
     finally:
         hung.close()
     del ref
+    assert wait_idle() == {}
+
+
+class _SourceThatStopsAnsweringReleases:
+    """Fault injection: a gRPC front for a real agent that forwards everything (so leases are real
+    and the fabric reads succeed) but holds every ReleaseLeases until `gate` is set, as a source
+    whose host stopped answering would. Records the leases it handed out."""
+
+    def __init__(self, target):
+        import grpc
+        self.target = AgentClient(target)
+        self.gate = threading.Event()
+        self.releases_held = 0
+        self.granted = []
+        self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(8))
+        self.server.add_generic_rpc_handlers((self,))
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def service(self, details):  # grpc.GenericRpcHandler
+        import grpc
+        method = details.method.rsplit("/", 1)[1]
+
+        def forward(payload, context):
+            if method == "ReleaseLeases":
+                self.releases_held += 1
+                self.gate.wait(60)
+            reply = self.target.raw_call(method, payload)
+            if method == "LeaseObjects":
+                self.granted += [(g.lease_id, g.token) for g in pb.LeaseReply.FromString(reply).leases]
+            return reply
+        return grpc.unary_unary_rpc_method_handler(forward)
+
+    def close(self):
+        self.gate.set()
+        self.server.stop(grace=5).wait()
+        # What the stopped agent could not release, released here: nothing stays pinned.
+        return list(self.target.release(self.granted).error_codes)
+
+
+def test_agent_stops_promptly_when_a_source_does_not_answer_releases(cluster):
+    """Leases are released after the Pull answered, by a queue. A stopping agent gives that queue a
+    bounded time (a source that does not answer must not hold its exit 10 s per request), and
+    says what it left to expire at the source."""
+    from rayfabric.api import _owner
+    n1 = cluster["nodes"]["n1"]
+    core = ray._private.worker.global_worker.core_worker
+    refs = [ray.put(make_value("bytes", 2 * MiB, 90 + i)) for i in range(3)]  # on n0
+    source = _SourceThatStopsAnsweringReleases(cluster["records"][cluster["nodes"]["n0"]]["address"])
+    log = cluster["records"][n1]["log"]
+    log_before = open(log, errors="replace").read()
+    c = client_of(cluster, "n1")
+    try:
+        for r in refs:
+            item = pb.PullItem(object_id=r.binary(), owner=_owner(core, r), source_agent=source.address)
+            result = c.pull([item], 30).results[0]
+            assert result.outcome == pb.PULLED, result
+        deadline = time.monotonic() + 10
+        while source.releases_held == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert source.releases_held == 1  # the first release hangs, the two others wait behind it
+        t0 = time.monotonic()
+        code = ray.get(_agents.actor_of(n1).kill_agent.remote(signal.SIGTERM), timeout=60)
+        took = time.monotonic() - t0
+        assert code == 0
+        print(f"\nagent stopped in {took:.2f} s with 3 releases owed to a source that does not answer")
+        assert took < 8, f"the agent took {took:.1f} s to stop"  # before the bound: 3 x 10 s
+        said = open(log, errors="replace").read()[len(log_before):]
+        assert "stopping: 2 leases in 2 release requests not sent within the shutdown bound" in said, said
+    finally:
+        c.close()
+        codes = source.close()
+        ray.get(_agents.actor_of(n1).restart.remote())
+        cluster["records"] = _agents.published()
+    assert len(codes) == 3 and codes.count("") >= 2, codes  # the first may have been forwarded
+    del refs
     assert wait_idle() == {}
 
 
