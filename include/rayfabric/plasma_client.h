@@ -96,6 +96,8 @@ class PlasmaClient {
   Result<std::vector<ObjectBuffer>> Get(const std::vector<ObjectId>& ids, int64_t timeout_ms);
   // Get of one object; NotFound when it is not sealed in the store within timeout_ms.
   Result<ObjectBuffer> GetOne(const ObjectId& id, int64_t timeout_ms);
+  // The NotFound that GetOne answers for an object Get did not find within timeout_ms.
+  Status NotSealed(const ObjectId& id, int64_t timeout_ms) const;
 
   // Allocates an unsealed object to fill through `data`; then Seal (and Release) or Abort.
   Result<ObjectBuffer> Create(const ObjectId& id, const CreateOptions& options);

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
+#include <set>
 
 #include "rayfabric/hex.h"
 #include "rayfabric/log.h"
@@ -22,6 +24,8 @@ constexpr size_t kWaveObjects = 512;
 constexpr uint64_t kWaveBytes = 1ULL << 30;
 constexpr auto kRpcTimeout = std::chrono::seconds(10);
 constexpr auto kReleaseDrain = std::chrono::seconds(2);
+// Objects pinned by one plasma Get when leasing.
+constexpr size_t kLeaseBatch = 4096;
 
 // gRPC deadlines are system_clock; ours are steady_clock.
 std::chrono::system_clock::time_point ToSystem(Clock::time_point t) {
@@ -163,30 +167,26 @@ v1::InfoReply Agent::Info() const {
   return info;
 }
 
-v1::Lease Agent::LeaseOne(const std::string& object_id, std::chrono::milliseconds ttl) {
-  v1::Lease lease;
-  lease.set_object_id(object_id);
-  auto fail = [&](const Status& s) {
-    ++leases_refused_;
-    lease.set_error_code(StatusCodeName(s.code()));
-    lease.set_error(s.message());
-    return lease;
-  };
-  auto id = ObjectId::FromBinary(object_id);
-  if (!id.ok()) return fail(id.status());
-  auto got = serve_store_->GetOne(*id, 0);
-  if (!got.ok()) return fail(got.status());
-  const plasma::ObjectBuffer& obj = *got;
+void Agent::RefuseLease(v1::Lease& lease, const Status& why) {
+  ++leases_refused_;
+  lease.set_error_code(StatusCodeName(why.code()));
+  lease.set_error(why.message());
+}
+
+void Agent::GrantLease(v1::Lease& lease, const ObjectId& id, const plasma::ObjectBuffer& obj,
+                       std::chrono::milliseconds ttl) {
+  // `obj` is pinned by our Get: every refusal below unpins it.
   const uint64_t bytes = obj.data_size + obj.metadata_size;
   auto region = RegionFor(obj.segment_base, obj.segment_size);
   if (!region.ok()) {
-    (void)serve_store_->Release(*id);
-    return fail(region.status().WithContext("registering the store memory of object " + id->Hex()));
+    (void)serve_store_->Release(id);
+    return RefuseLease(
+        lease, region.status().WithContext("registering the store memory of object " + id.Hex()));
   }
-  auto grant = leases_.Grant(LeasedObject{*id, bytes}, ttl);
+  auto grant = leases_.Grant(LeasedObject{id, bytes}, ttl);
   if (!grant.ok()) {
-    (void)serve_store_->Release(*id);
-    return fail(grant.status());
+    (void)serve_store_->Release(id);
+    return RefuseLease(lease, grant.status());
   }
   ++leases_granted_;
   bytes_leased_ += bytes;
@@ -197,7 +197,35 @@ v1::Lease Agent::LeaseOne(const std::string& object_id, std::chrono::millisecond
   lease.set_data_size(obj.data_size);
   lease.set_metadata_size(obj.metadata_size);
   lease.set_expires_in_ms(static_cast<uint64_t>(ttl.count()));
-  return lease;
+}
+
+void Agent::LeaseBatch(v1::LeaseReply& reply, const std::vector<int>& indices,
+                       const std::vector<ObjectId>& ids, std::chrono::milliseconds ttl) {
+  if (indices.empty()) return;
+  // One store round trip for the whole batch. If the store refuses the batch (it validates
+  // every id), each object is asked alone so that only the bad one is refused.
+  std::optional<std::vector<plasma::ObjectBuffer>> pinned;
+  if (indices.size() > 1) {
+    auto got = serve_store_->Get(ids, 0);
+    if (got.ok()) pinned = std::move(*got);
+  }
+  for (size_t k = 0; k < indices.size(); ++k) {
+    v1::Lease& lease = *reply.mutable_leases(indices[k]);
+    if (pinned) {
+      if ((*pinned)[k].found) {
+        GrantLease(lease, ids[k], (*pinned)[k], ttl);
+      } else {
+        RefuseLease(lease, serve_store_->NotSealed(ids[k], 0));
+      }
+      continue;
+    }
+    auto one = serve_store_->GetOne(ids[k], 0);
+    if (one.ok()) {
+      GrantLease(lease, ids[k], *one, ttl);
+    } else {
+      RefuseLease(lease, one.status());
+    }
+  }
 }
 
 v1::LeaseReply Agent::Lease(const v1::LeaseRequest& request) {
@@ -205,7 +233,31 @@ v1::LeaseReply Agent::Lease(const v1::LeaseRequest& request) {
   reply.set_fabric_address(engine_->Address());
   reply.set_provider(engine_->profile().provider);
   auto ttl = request.ttl_ms() > 0 ? std::chrono::milliseconds(request.ttl_ms()) : default_ttl_;
-  for (const std::string& id : request.object_ids()) *reply.add_leases() = LeaseOne(id, ttl);
+  // Distinct ids in batches (the store pins an object once per Get; a request may list one id
+  // twice and get two leases).
+  std::vector<int> batch;
+  std::vector<ObjectId> batch_ids;
+  std::set<ObjectId> in_batch;
+  auto flush = [&] {
+    LeaseBatch(reply, batch, batch_ids, ttl);
+    batch.clear();
+    batch_ids.clear();
+    in_batch.clear();
+  };
+  for (int i = 0; i < request.object_ids_size(); ++i) {
+    v1::Lease* lease = reply.add_leases();
+    lease->set_object_id(request.object_ids(i));
+    auto id = ObjectId::FromBinary(request.object_ids(i));
+    if (!id.ok()) {
+      RefuseLease(*lease, id.status());
+      continue;
+    }
+    if (in_batch.count(*id) > 0 || batch.size() == kLeaseBatch) flush();
+    batch.push_back(i);
+    batch_ids.push_back(*id);
+    in_batch.insert(*id);
+  }
+  flush();
   return reply;
 }
 
@@ -257,12 +309,8 @@ v1::PullReply Agent::Pull(const v1::PullRequest& request) {
                InvalidArgument("pull of object " + id->Hex() + ": no source_agent given"));
       continue;
     }
-    auto local = pull_store_->Contains(job.id);
-    if (local.ok() && *local) {
-      job.result->set_outcome(v1::ALREADY_LOCAL);
-      ++pulls_already_local_;
-      continue;
-    }
+    // Not asked of the store first: callers send what is not local, and Create answers
+    // AlreadyExists for what is (one store round trip per object saved).
     pending.push_back(&job);
   }
   PullOnce(std::move(pending), deadline);
@@ -274,6 +322,14 @@ v1::PullReply Agent::Pull(const v1::PullRequest& request) {
     }
   }
   return reply;
+}
+
+bool Agent::AnsweredLocal(PullJob& job) {
+  auto local = pull_store_->Contains(job.id);
+  if (!local.ok() || !*local) return false;
+  job.result->set_outcome(v1::ALREADY_LOCAL);
+  ++pulls_already_local_;
+  return true;
 }
 
 void Agent::PullOnce(std::vector<PullJob*> pending, Clock::time_point deadline) {
@@ -331,11 +387,8 @@ void Agent::PullOnce(std::vector<PullJob*> pending, Clock::time_point deadline) 
         ++pulls_stood_aside_;
         continue;
       }
-      auto local = pull_store_->Contains(job->id);
-      if (local.ok() && *local) {
-        job->result->set_outcome(v1::ALREADY_LOCAL);
-        ++pulls_already_local_;
-      } else if (Clock::now() < deadline) {
+      if (AnsweredLocal(*job)) continue;
+      if (Clock::now() < deadline) {
         pending.push_back(job);  // the other pull failed: try ourselves
       } else {
         SetError(*job->result, TimedOut("object " + job->id.Hex() +
@@ -366,7 +419,9 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
                                   std::to_string(jobs.size()) + " objects");
   }
   if (!leased_status.ok()) {
-    for (PullJob* job : jobs) SetError(*job->result, leased_status);
+    for (PullJob* job : jobs) {
+      if (!AnsweredLocal(*job)) SetError(*job->result, leased_status);
+    }
     return;
   }
   fabric::PeerId peer = 0;
@@ -383,6 +438,7 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
     PullJob& job = *jobs[i];
     job.lease = lease_reply.leases(static_cast<int>(i));
     if (!job.lease.error_code().empty()) {
+      if (AnsweredLocal(job)) continue;
       SetError(*job.result,
                Status(StatusCode::kNotFound,
                       "the agent at " + source + " refused a lease on object " + job.id.Hex() +
@@ -414,9 +470,11 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
       auto replica = pull_store_->Create(job.id, create);
       if (!replica.ok()) {
         if (replica.status().code() == StatusCode::kAlreadyExists) {
-          // Ray (or another pull) is creating it here already: leave it to them.
-          job.result->set_outcome(v1::STOOD_ASIDE);
-          ++pulls_stood_aside_;
+          // Sealed here already, or Ray (or another pull) is creating it: leave it to them.
+          if (!AnsweredLocal(job)) {
+            job.result->set_outcome(v1::STOOD_ASIDE);
+            ++pulls_stood_aside_;
+          }
         } else {
           SetError(*job.result, replica.status().WithContext("creating the local replica"));
         }

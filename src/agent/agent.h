@@ -65,12 +65,19 @@ class Agent {
   Result<std::shared_ptr<fabric::MemoryRegion>> RegionFor(uint8_t* segment_base,
                                                           size_t segment_size);
   void OnSegmentUnmapped(const plasma::SegmentInfo& segment);
-  v1::Lease LeaseOne(const std::string& object_id, std::chrono::milliseconds ttl);
+  void LeaseBatch(v1::LeaseReply& reply, const std::vector<int>& indices,
+                  const std::vector<ObjectId>& ids, std::chrono::milliseconds ttl);
+  void GrantLease(v1::Lease& lease, const ObjectId& id, const plasma::ObjectBuffer& obj,
+                  std::chrono::milliseconds ttl);
+  void RefuseLease(v1::Lease& lease, const Status& why);
   void PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
                       std::chrono::steady_clock::time_point deadline);
   // Pulls `pending`, each object once: one already being pulled by a concurrent Pull is waited
   // for (the replica can be created only once), then found local, or pulled here if that failed.
   void PullOnce(std::vector<PullJob*> pending, std::chrono::steady_clock::time_point deadline);
+  // ALREADY_LOCAL when the object is sealed in this node's store (asked only when a pull cannot
+  // go on: a lease refused or a Create that found the object).
+  bool AnsweredLocal(PullJob& job);
   void SweepLoop();
   // Leases are released after the Pull has answered (off its critical path), in order, by one
   // thread. At shutdown what is queued is still sent, but for kReleaseDrain at most in all: a

@@ -603,12 +603,14 @@ Result<std::vector<ObjectBuffer>> PlasmaClient::Get(const std::vector<ObjectId>&
 
 Result<ObjectBuffer> PlasmaClient::GetOne(const ObjectId& id, int64_t timeout_ms) {
   RF_ASSIGN_OR_RETURN(std::vector<ObjectBuffer> buffers, impl_->Get({id}, timeout_ms));
-  if (!buffers[0].found) {
-    return NotFound("object " + id.Hex() + " is not sealed in the plasma store at " + socket_path_ +
-                    " (waited " + std::to_string(timeout_ms) +
-                    " ms): it lives on another node, was evicted/spilled, or is inlined");
-  }
+  if (!buffers[0].found) return NotSealed(id, timeout_ms);
   return buffers[0];
+}
+
+Status PlasmaClient::NotSealed(const ObjectId& id, int64_t timeout_ms) const {
+  return NotFound("object " + id.Hex() + " is not sealed in the plasma store at " + socket_path_ +
+                  " (waited " + std::to_string(timeout_ms) +
+                  " ms): it lives on another node, was evicted/spilled, or is inlined");
 }
 
 Result<ObjectBuffer> PlasmaClient::Create(const ObjectId& id, const CreateOptions& options) {

@@ -340,6 +340,51 @@ def test_pull_behind_a_stuck_pull_of_the_same_object(cluster):
     assert wait_idle() == {}
 
 
+def test_pull_of_an_object_already_here(cluster):
+    """The agent does not ask its store before leasing (callers send what is not local): an object
+    that is local after all is answered ALREADY_LOCAL when the Create finds it, and also when the
+    source can no longer lease it (gone there, or the source agent is dead)."""
+    from rayfabric.api import _owner
+    ref = on("n1", produce).remote("numpy", 4 * MiB, 95)
+    ray.wait([ref], fetch_local=False)
+    out = ray.get(on("n0", fetch).remote([ref], "prefetch"))
+    assert out["pulled"] == 1 and out["local_before_get"] == [True], out
+    owner = _owner(ray._private.worker.global_worker.core_worker, ref)
+    c = client_of(cluster, "n0")
+    before = c.status()
+    source = cluster["records"][cluster["nodes"]["n1"]]["address"]
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    dead_address = f"127.0.0.1:{dead.getsockname()[1]}"
+    dead.close()  # nothing listens there: connection refused
+    for src in (source, dead_address):
+        result = c.pull([pb.PullItem(object_id=ref.binary(), owner=owner, source_agent=src)], 10).results[0]
+        assert result.outcome == pb.ALREADY_LOCAL, (src, result)
+    after = c.status()
+    assert after.pulls_already_local - before.pulls_already_local == 2
+    assert after.objects_pulled == before.objects_pulled and after.pulls_failed == before.pulls_failed
+    del ref
+    assert wait_idle() == {}
+
+
+def test_lease_request_mixing_good_bad_missing_and_repeated_ids(cluster):
+    """Leases are pinned with one store Get per batch of distinct ids; a bad or missing id is
+    refused alone, and an id listed twice gets two leases (two pins)."""
+    refs = [ray.put(make_value("bytes", 1 * MiB, 96 + i)) for i in range(2)]  # on n0
+    c = client_of(cluster, "n0")
+    ids = [refs[0].binary(), b"\x01" * 28, refs[1].binary(), b"\xff" * 28, b"short", refs[0].binary()]
+    leases = c.lease(ids).leases
+    codes = [g.error_code for g in leases]
+    assert codes == ["", "NotFound", "", "InvalidArgument", "InvalidArgument", ""], codes
+    assert "nil object id" in leases[3].error and "28 bytes" in leases[4].error
+    assert leases[0].lease_id != leases[5].lease_id and leases[0].offset == leases[5].offset
+    granted = [(g.lease_id, g.token) for g in leases if not g.error_code]
+    assert agent_status(cluster["nodes"]["n0"])["leases_active"] >= 3
+    assert c.release(granted).error_codes == ["", "", ""]
+    del refs
+    assert wait_idle() == {}
+
+
 class _SourceThatStopsAnsweringReleases:
     """Fault injection: a gRPC front for a real agent that forwards everything (so leases are real
     and the fabric reads succeed) but holds every ReleaseLeases until `gate` is set, as a source
