@@ -95,6 +95,13 @@ Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options) {
                                           std::move(pull_store), std::move(engine)));
 }
 
+struct Agent::PendingRelease {
+  std::string source;
+  grpc::ClientContext context;
+  v1::ReleaseRequest request;
+  v1::ReleaseReply reply;
+};
+
 Agent::Agent(AgentOptions options, std::unique_ptr<plasma::PlasmaClient> serve_store,
              std::unique_ptr<plasma::PlasmaClient> pull_store,
              std::unique_ptr<fabric::Engine> engine)
@@ -110,22 +117,26 @@ Agent::Agent(AgentOptions options, std::unique_ptr<plasma::PlasmaClient> serve_s
   serve_store_->SetSegmentCallbacks(nullptr, on_unmapped);
   pull_store_->SetSegmentCallbacks(nullptr, on_unmapped);
   sweeper_ = std::thread([this] { SweepLoop(); });
-  releaser_ = std::thread([this] { ReleaseLoop(); });
 }
 
 Agent::~Agent() {
   {
     std::unique_lock<std::mutex> lock(release_mu_);
     stopping_releases_ = true;
-    release_drain_deadline_ = Clock::now() + kReleaseDrain;
-    release_cv_.notify_all();
-    // A release already on the wire has a longer deadline than what is left: cut it off.
-    if (!release_cv_.wait_until(lock, release_drain_deadline_, [this] { return releases_done_; }) &&
-        release_in_flight_ != nullptr) {
-      release_in_flight_->TryCancel();
+    auto unanswered = [this] { return releases_in_flight_.empty(); };
+    if (!release_cv_.wait_for(lock, kReleaseDrain, unanswered)) {
+      int leases = 0;
+      for (const auto& [key, pending] : releases_in_flight_) {
+        leases += pending->request.leases_size();
+        pending->context.TryCancel();
+      }
+      RF_LOG(kWarn, "stopping: " << leases << " leases in " << releases_in_flight_.size()
+                                 << " release requests unanswered after the shutdown bound: "
+                                    "cancelled, they expire at their sources by themselves");
+      release_cv_.wait(lock, unanswered);  // a cancelled call still runs its callback, at once
     }
+    releases_answered_.clear();
   }
-  releaser_.join();
   {
     std::lock_guard<std::mutex> lock(sweep_mu_);
     stopping_ = true;
@@ -558,47 +569,36 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
 }
 
 void Agent::QueueRelease(const std::string& source, v1::ReleaseRequest request) {
+  auto pending = std::make_unique<PendingRelease>();
+  pending->source = source;
+  pending->request = std::move(request);
+  pending->context.set_deadline(ToSystem(Clock::now() + kRpcTimeout));
+  PendingRelease* call = pending.get();
+  uint64_t key = 0;
   {
     std::lock_guard<std::mutex> lock(release_mu_);
-    releases_.emplace_back(source, std::move(request));
-  }
-  release_cv_.notify_one();
-}
-
-void Agent::ReleaseLoop() {
-  std::unique_lock<std::mutex> lock(release_mu_);
-  while (true) {
-    release_cv_.wait(lock, [this] { return stopping_releases_ || !releases_.empty(); });
-    if (stopping_releases_ && (releases_.empty() || Clock::now() >= release_drain_deadline_)) {
-      if (!releases_.empty()) {
-        size_t leases = 0;
-        for (const auto& queued : releases_) leases += queued.second.leases_size();
-        RF_LOG(kWarn, "stopping: " << leases << " leases in " << releases_.size()
-                                   << " release requests not sent within the shutdown bound; they "
-                                      "expire at their sources by themselves");
-        releases_.clear();
-      }
-      releases_done_ = true;
-      release_cv_.notify_all();
+    releases_answered_.clear();
+    if (stopping_releases_) {
+      RF_LOG(kWarn, "stopping: " << call->request.leases_size() << " leases at " << source
+                                 << " not released: they expire by themselves");
       return;
     }
-    auto [source, release] = std::move(releases_.front());
-    releases_.pop_front();
-    grpc::ClientContext release_ctx;
-    Clock::time_point rpc_deadline = Clock::now() + kRpcTimeout;
-    if (stopping_releases_) rpc_deadline = std::min(rpc_deadline, release_drain_deadline_);
-    release_ctx.set_deadline(ToSystem(rpc_deadline));
-    release_in_flight_ = &release_ctx;
-    lock.unlock();
-    v1::ReleaseReply release_reply;
-    grpc::Status r = peers_.Get(source)->ReleaseLeases(&release_ctx, release, &release_reply);
-    if (!r.ok()) {
-      RF_LOG(kWarn, "releasing " << release.leases_size() << " leases at " << source << " failed ("
-                                 << r.error_message() << "): they expire by themselves");
-    }
-    lock.lock();
-    release_in_flight_ = nullptr;
+    key = next_release_++;
+    releases_in_flight_[key] = std::move(pending);
   }
+  peers_.Get(source)->async()->ReleaseLeases(
+      &call->context, &call->request, &call->reply, [this, key, call](const grpc::Status& r) {
+        if (!r.ok()) {
+          RF_LOG(kWarn, "releasing " << call->request.leases_size() << " leases at " << call->source
+                                     << " failed (" << r.error_message()
+                                     << "): they expire by themselves");
+        }
+        std::lock_guard<std::mutex> lock(release_mu_);
+        auto it = releases_in_flight_.find(key);
+        releases_answered_.push_back(std::move(it->second));
+        releases_in_flight_.erase(it);
+        release_cv_.notify_all();
+      });
 }
 
 v1::StatusReply Agent::GetStatus() const {

@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <grpcpp/client_context.h>
 
@@ -79,11 +80,12 @@ class Agent {
   // go on: a lease refused or a Create that found the object).
   bool AnsweredLocal(PullJob& job);
   void SweepLoop();
-  // Leases are released after the Pull has answered (off its critical path), in order, by one
-  // thread. At shutdown what is queued is still sent, but for kReleaseDrain at most in all: a
-  // source that does not answer must not hold the agent's exit (its leases expire there anyway).
+  // Leases are released after the Pull has answered (off its critical path), each request on its
+  // own asynchronous RPC, so that a source that stopped answering delays no other source's
+  // releases. At shutdown the unanswered ones get kReleaseDrain in all, then are cancelled: such a
+  // source must not hold the agent's exit (its leases expire there anyway).
   void QueueRelease(const std::string& source, v1::ReleaseRequest request);
-  void ReleaseLoop();
+  struct PendingRelease;
 
   AgentOptions options_;
   std::unique_ptr<plasma::PlasmaClient> serve_store_;
@@ -114,12 +116,11 @@ class Agent {
 
   std::mutex release_mu_;
   std::condition_variable release_cv_;
-  std::deque<std::pair<std::string, v1::ReleaseRequest>> releases_;  // (source agent, request)
   bool stopping_releases_ = false;
-  bool releases_done_ = false;
-  std::chrono::steady_clock::time_point release_drain_deadline_;
-  grpc::ClientContext* release_in_flight_ = nullptr;  // cancelled when the drain runs out
-  std::thread releaser_;
+  uint64_t next_release_ = 0;
+  std::map<uint64_t, std::unique_ptr<PendingRelease>> releases_in_flight_;
+  // Answered; freed by the next QueueRelease or at exit, never inside gRPC's callback.
+  std::vector<std::unique_ptr<PendingRelease>> releases_answered_;
 };
 
 }  // namespace rayfabric::agent
