@@ -31,7 +31,8 @@ _clients = {}
 _watcher = None
 _agents_cache = {"at": 0.0, "records": {}}
 _stats = {"objects_pulled": 0, "bytes_pulled": 0, "already_local": 0, "stood_aside": 0,
-          "ray_path_small": 0, "ray_path_not_in_plasma": 0, "fallbacks": 0, "fallback_reasons": {}}
+          "ray_path_small": 0, "ray_path_not_in_plasma": 0, "ray_path_spilled": 0, "fallbacks": 0,
+          "fallback_reasons": {}}
 
 
 def init(provider=None, watch_new_nodes=True, env=None, node_env=None):
@@ -137,6 +138,7 @@ def _pull(refs, timeout):
     core_worker = ray._private.worker.global_worker.core_worker
     locations = _locations(core_worker, ready)
     candidates = []  # (ref, holder node ids) worth a pull
+    spilled = set()  # Ray keeps listing the node of a spilled object after evicting it from plasma
     total = 0
     for ref in ready:
         loc = locations.get(ref) or {}
@@ -151,6 +153,8 @@ def _pull(refs, timeout):
             _count("ray_path_small")
             continue
         candidates.append((ref, nodes))
+        if loc.get("did_spill"):
+            spilled.add(ref.binary())
         total += size
     if candidates and total < MIN_PULL_BYTES:
         _count("ray_path_small", len(candidates))
@@ -185,6 +189,8 @@ def _pull(refs, timeout):
                 _count("already_local")
             elif r.outcome == pb.STOOD_ASIDE:
                 _count("stood_aside")
+            elif r.error_code == "NotFound" and item.object_id in spilled:
+                _count("ray_path_spilled")  # evicted after spilling: Ray restores it from disk
             elif r.error_code == "Unavailable" and attempt == 0:
                 unreachable[item.object_id] = (item.source_agent, r)
             else:
