@@ -120,21 +120,28 @@ Agent::Agent(AgentOptions options, std::unique_ptr<plasma::PlasmaClient> serve_s
 }
 
 Agent::~Agent() {
+  auto unanswered = [this] { return releases_in_flight_.empty(); };
+  std::vector<PendingRelease*> to_cancel;
   {
     std::unique_lock<std::mutex> lock(release_mu_);
     stopping_releases_ = true;
-    auto unanswered = [this] { return releases_in_flight_.empty(); };
     if (!release_cv_.wait_for(lock, kReleaseDrain, unanswered)) {
       int leases = 0;
       for (const auto& [key, pending] : releases_in_flight_) {
         leases += pending->request.leases_size();
-        pending->context.TryCancel();
+        to_cancel.push_back(pending.get());
       }
       RF_LOG(kWarn, "stopping: " << leases << " leases in " << releases_in_flight_.size()
                                  << " release requests unanswered after the shutdown bound: "
                                     "cancelled, they expire at their sources by themselves");
-      release_cv_.wait(lock, unanswered);  // a cancelled call still runs its callback, at once
     }
+  }
+  // Outside the lock: gRPC may run a cancelled call's callback inline, and it takes the lock. The
+  // calls stay allocated (answered ones move to releases_answered_, freed only below).
+  for (PendingRelease* call : to_cancel) call->context.TryCancel();
+  {
+    std::unique_lock<std::mutex> lock(release_mu_);
+    release_cv_.wait(lock, unanswered);  // a cancelled call still runs its callback, at once
     releases_answered_.clear();
   }
   {
@@ -577,12 +584,12 @@ void Agent::QueueRelease(const std::string& source, v1::ReleaseRequest request) 
   uint64_t key = 0;
   {
     std::lock_guard<std::mutex> lock(release_mu_);
-    releases_answered_.clear();
     if (stopping_releases_) {
       RF_LOG(kWarn, "stopping: " << call->request.leases_size() << " leases at " << source
                                  << " not released: they expire by themselves");
       return;
     }
+    releases_answered_.clear();
     key = next_release_++;
     releases_in_flight_[key] = std::move(pending);
   }
