@@ -142,6 +142,21 @@ def client_of(cluster, name):
     return AgentClient(cluster["records"][cluster["nodes"][name]]["address"])
 
 
+def pull_item(ref, source_agent):
+    """A PullItem for a ref held in this (driver) process, as rayfabric.get builds it."""
+    from rayfabric.api import _owner
+    owner = _owner(ray._private.worker.global_worker.core_worker, ref)
+    return pb.PullItem(object_id=ref.binary(), owner=owner, source_agent=source_agent)
+
+
+def wait_for(condition, timeout=10):
+    """Polls `condition` until it holds or `timeout` seconds pass; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
 def wait_idle(timeout=30):
     """Every agent: no active lease, nothing pinned."""
     deadline = time.time() + timeout
@@ -248,11 +263,9 @@ def test_same_object_pulled_by_two_nodes_at_once(cluster):
 def test_same_object_pulled_by_one_agent_concurrently(cluster):
     """Several consumers on one node ask their agent for the same object at once (and one request
     names it twice): it is created and read once; the others wait for it and find it local."""
-    from rayfabric.api import _owner
     value = make_value("numpy", 128 * MiB, 66)
     ref = ray.put(value)  # on n0
-    item = pb.PullItem(object_id=ref.binary(), owner=_owner(ray._private.worker.global_worker.core_worker, ref),
-                       source_agent=cluster["records"][cluster["nodes"]["n0"]]["address"])
+    item = pull_item(ref, cluster["records"][cluster["nodes"]["n0"]]["address"])
     c = client_of(cluster, "n1")
     before = c.status()
     requests = [[item], [item], [item], [item, item]]
@@ -301,14 +314,12 @@ def test_pull_behind_a_stuck_pull_of_the_same_object(cluster):
     it twice: if that one is still stuck at this Pull's deadline it stands aside (Ray's get waits
     for that replica); if that one fails first, this Pull tries the source itself. The stuck
     source is a hung agent: a TCP listener that never answers (fault injection)."""
-    from rayfabric.api import _owner
     ref = ray.put(make_value("numpy", 2 * MiB, 81))  # on n0
     hung = socket.socket()
     hung.bind(("127.0.0.1", 0))
     hung.listen(16)
     source = f"127.0.0.1:{hung.getsockname()[1]}"
-    item = pb.PullItem(object_id=ref.binary(), owner=_owner(ray._private.worker.global_worker.core_worker, ref),
-                       source_agent=source)
+    item = pull_item(ref, source)
     c = client_of(cluster, "n1")
     try:
         before = c.status()
@@ -346,12 +357,10 @@ def test_pull_of_an_object_already_here(cluster):
     """The agent does not ask its store before leasing (callers send what is not local): an object
     that is local after all is answered ALREADY_LOCAL when the Create finds it, and also when the
     source can no longer lease it (gone there, or the source agent is dead)."""
-    from rayfabric.api import _owner
     ref = on("n1", produce).remote("numpy", 4 * MiB, 95)
     ray.wait([ref], fetch_local=False)
     out = ray.get(on("n0", fetch).remote([ref], "prefetch"))
     assert out["pulled"] == 1 and out["local_before_get"] == [True], out
-    owner = _owner(ray._private.worker.global_worker.core_worker, ref)
     c = client_of(cluster, "n0")
     before = c.status()
     source = cluster["records"][cluster["nodes"]["n1"]]["address"]
@@ -360,7 +369,7 @@ def test_pull_of_an_object_already_here(cluster):
     dead_address = f"127.0.0.1:{dead.getsockname()[1]}"
     dead.close()  # nothing listens there: connection refused
     for src in (source, dead_address):
-        result = c.pull([pb.PullItem(object_id=ref.binary(), owner=owner, source_agent=src)], 10).results[0]
+        result = c.pull([pull_item(ref, src)], 10).results[0]
         assert result.outcome == pb.ALREADY_LOCAL, (src, result)
     after = c.status()
     assert after.pulls_already_local - before.pulls_already_local == 2
@@ -430,9 +439,7 @@ def test_releases_to_a_source_that_does_not_answer(cluster):
     """Leases are released after the Pull answered, each request on its own asynchronous call: a
     source that stopped answering holds up no other source's releases, and a stopping agent gives
     the unanswered ones a bounded time (not 10 s each), then says what it left to expire."""
-    from rayfabric.api import _owner
     n0, n1 = cluster["nodes"]["n0"], cluster["nodes"]["n1"]
-    core = ray._private.worker.global_worker.core_worker
     refs = [ray.put(make_value("bytes", 2 * MiB, 90 + i)) for i in range(4)]  # on n0
     source = _SourceThatStopsAnsweringReleases(cluster["records"][n0]["address"])
     log = cluster["records"][n1]["log"]
@@ -440,15 +447,8 @@ def test_releases_to_a_source_that_does_not_answer(cluster):
     c = client_of(cluster, "n1")
 
     def pull(ref, via):
-        item = pb.PullItem(object_id=ref.binary(), owner=_owner(core, ref), source_agent=via)
-        result = c.pull([item], 30).results[0]
+        result = c.pull([pull_item(ref, via)], 30).results[0]
         assert result.outcome == pb.PULLED, result
-
-    def wait_for(condition, timeout=10):
-        deadline = time.monotonic() + timeout
-        while not condition() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return condition()
 
     try:
         for r in refs[:3]:
