@@ -141,14 +141,17 @@ int Connect(const std::string& host, const std::string& port) {
 // Registers `bytes` filled with the pattern, sends its address and descriptor, then serves
 // commands: "stream N" (raw TCP ceiling), "check OFF LEN" (verify a write), "quit".
 int Serve(Conn& conn, const Config& config, uint64_t bytes) {
-  auto engine = fabric::Engine::Open(config);
+  // The benchmark's own buffer, nothing else: the only place where peers may write (--op write).
+  fabric::EngineOptions options;
+  options.remote_write = true;
+  auto engine = fabric::Engine::Open(config, options);
   if (!engine.ok()) {
     conn.SendMsg("ERROR " + engine.status().ToString());
     return 1;
   }
   char* buf = AllocPrefaulted(bytes);
   FillPattern(buf, bytes, kSeed);
-  auto mr = (*engine)->Register(buf, bytes);
+  auto mr = (*engine)->Register(buf, bytes, fabric::kRemoteRead | fabric::kRemoteWrite);
   if (!mr.ok()) {
     conn.SendMsg("ERROR " + mr.status().ToString());
     return 1;

@@ -57,6 +57,14 @@ struct ProviderProfile {
   bool mr_cache = false;
   bool deregistration_revokes_keys = true;
   std::string key_lifetime;  // one line: why deregistration_revokes_keys has its value
+  // enforces_access: a registration grants peers no more than the access it asked for (above
+  //   all, no remote WRITE on a region registered for remote read). False where libfabric 1.17
+  //   widens it: its verbs MR cache registers EVERY region with remote read, write and atomic
+  //   access (verbs_mr.c, vrb_mr_cache_add_region; seen in the Soft-RoCE suite: a write through
+  //   a read-only descriptor changed the target's bytes), and shm checks nothing. The agent
+  //   refuses to serve on such a provider unless allow_unprotected_memory is set.
+  bool enforces_access = true;
+  std::string access_note;  // one line: why enforces_access has its value
 };
 
 // One provider/domain libfabric offered, and what we made of it.
@@ -76,9 +84,32 @@ struct ProviderReport {
   std::string ToJson() const;
 };
 
+// What an engine's endpoint offers peers. The agent never lets a peer write: its endpoint does
+// not ask for FI_REMOTE_WRITE and its registrations never grant it. Only the benchmark (and tests)
+// open engines whose own buffers peers may write.
+struct EngineOptions {
+  bool remote_write = false;
+};
+
 // Ranks what fi_info offers for RDM endpoints with RMA and picks one (config: provider, domain,
 // require_rdma). Does not open anything.
-Result<ProviderReport> SelectProvider(const Config& config);
+Result<ProviderReport> SelectProvider(const Config& config, const EngineOptions& options = {});
+
+// What a registration allows. The exposure of a region is exactly its remote bits: a source needs
+// kRemoteRead only, a destination kLocalRead only (it is written by this process's fi_read).
+enum Access : uint32_t {
+  kLocalRead = 1u << 0,    // destination of this process's fi_read
+  kLocalWrite = 1u << 1,   // source of this process's fi_write
+  kRemoteRead = 1u << 2,   // peers may fi_read it
+  kRemoteWrite = 1u << 3,  // peers may fi_write it (needs EngineOptions::remote_write)
+};
+constexpr uint32_t kLocalAccess = kLocalRead | kLocalWrite;
+
+enum class Sharing {
+  kShared,   // a registered region with the same access that covers the range serves it (cache)
+  kPrivate,  // a registration (and key) of its own: revoked when the last reference goes, whatever
+             // else is registered (per-lease exposure)
+};
 
 // Everything a remote peer needs to read or write a registered region. Serializable; hand it out
 // over an authenticated channel only: anyone holding it can access the region.
@@ -106,6 +137,7 @@ class MemoryRegion {
   bool Contains(const void* p, size_t len) const;
   RemoteRegion Describe() const;
   void* local_desc() const;
+  uint32_t access() const { return access_; }
 
  private:
   friend class EngineCore;
@@ -116,6 +148,8 @@ class MemoryRegion {
   struct fid_mr* mr_ = nullptr;
   uint64_t key_ = 0;
   std::string raw_key_;
+  uint32_t access_ = 0;
+  Sharing sharing_ = Sharing::kShared;
 };
 
 using PeerId = uint64_t;
@@ -132,15 +166,30 @@ enum class RmaOp { kRead, kWrite };
 class TransferState;
 
 // A transfer in flight. Wait() may be called from any thread; dropping the handle does not cancel.
+//
+// A transfer that fails (an error, or no completion for op_timeout_ms) is not reported done while
+// any of its operations may still move bytes: the engine tears down the connection to that peer
+// (which makes the provider flush what it had posted) and reports the failure once every posted
+// operation has come back. Only if the provider does not return them within the drain bound
+// (drain_timeout_ms) is the failure reported with operations still outstanding: then Quiesced()
+// is false and the local buffer must not be reused until it turns true (WaitQuiesced).
 class Transfer {
  public:
   Transfer() = default;
   explicit Transfer(std::shared_ptr<TransferState> state) : state_(std::move(state)) {}
-  // Returns the transfer's final status, or TimedOut if `timeout` passes first (the transfer keeps
-  // its own deadline, op_timeout_ms, after which it fails by itself).
+  // Returns the transfer's final status, or TimedOut if `timeout` passes first (the transfer
+  // fails by itself once no operation has completed for op_timeout_ms).
   Status Wait(std::chrono::milliseconds timeout = std::chrono::milliseconds::max()) const;
   bool Done() const;
   uint64_t bytes() const;
+  // True when no operation of this transfer is outstanding: nothing can write its local buffer
+  // (or read it) any more. Always true for a transfer that succeeded.
+  bool Quiesced() const;
+  // Waits until Quiesced(); false if `timeout` passed first.
+  bool WaitQuiesced(std::chrono::milliseconds timeout) const;
+  // Fails the transfer (Aborted, with `why`) unless it already finished; Wait() then returns once
+  // it is drained as above. For callers whose own deadline passed.
+  void Cancel(const std::string& why) const;
 
  private:
   std::shared_ptr<TransferState> state_;
@@ -155,13 +204,16 @@ struct EngineStats {
   uint64_t transfers_failed = 0;
   uint64_t regions_registered = 0;  // currently registered
   uint64_t peers = 0;
+  uint64_t endpoint_resets = 0;      // to cut off operations a failed transfer could not drain
+  uint64_t transfers_undrained = 0;  // failed with operations outstanding and no reset possible
 };
 
 class Engine {
  public:
   // Selects the provider, opens fabric/domain/endpoint/AV/CQ, starts the progress thread and
   // logs once which provider is used and why.
-  static Result<std::unique_ptr<Engine>> Open(const Config& config);
+  static Result<std::unique_ptr<Engine>> Open(const Config& config,
+                                              const EngineOptions& options = {});
   ~Engine();
 
   const ProviderReport& report() const;
@@ -172,9 +224,13 @@ class Engine {
   // Inserts a peer's address into the address vector once; later calls return the same id.
   Result<PeerId> AddPeer(const std::string& address);
 
-  // Registers [base, base+length) for local and remote read/write. A range inside an already
-  // registered region returns that region (registration cache).
-  Result<std::shared_ptr<MemoryRegion>> Register(void* base, size_t length);
+  // Registers [base, base+length) with exactly `access` (Access bits). With Sharing::kShared a
+  // range inside an already registered region of the same access returns that region
+  // (registration cache). Where the application picks keys (no FI_MR_PROV_KEY) every key is drawn
+  // at random from the provider's whole key space, so that a key cannot be guessed.
+  Result<std::shared_ptr<MemoryRegion>> Register(void* base, size_t length,
+                                                 uint32_t access = kLocalAccess,
+                                                 Sharing sharing = Sharing::kShared);
 
   // Moves the spans between local memory (inside `local_region`) and `remote`, split into chunks
   // of at most chunk_size with up to max_inflight in flight. Validates every span first.

@@ -16,6 +16,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayfabric import bin_dir
 
 NAMESPACE = "rayfabric"
+MR_CACHE_VARIABLES = ("FI_MR_CACHE_MAX_COUNT", "FI_MR_CACHE_MONITOR", "FI_EFA_MR_CACHE_ENABLE")
 KV_PREFIX = "agent:"
 
 
@@ -25,6 +26,40 @@ def agent_binary():
         raise FileNotFoundError(f"rayfabricd not found at {path}: build it (`meson setup build && ninja -C build`) "
                                 f"or point RAYFABRIC_BIN_DIR at the meson build directory")
     return path
+
+
+def _socket_path(node_hex):
+    """The agent's local socket, in this node's Ray session directory (only the Ray user can reach
+    it; a Unix socket path has at most 107 bytes)."""
+    try:
+        session = ray._private.worker._global_node.get_session_dir_path()
+    except Exception:  # noqa: BLE001 - not in a Ray process with a node
+        session = tempfile.gettempdir()
+    path = os.path.join(session, "sockets", f"rayfabric-{node_hex[:16]}.sock")
+    if len(path.encode()) > 107:
+        path = os.path.join(tempfile.gettempdir(), f"rayfabric-{os.getuid()}-{node_hex[:16]}.sock")
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    return path
+
+
+def cluster_credentials_env():
+    """The Ray cluster's token settings as this (Ray) process resolved them, for the agent's
+    environment: the agent then uses exactly the token Ray's own processes use. TLS settings
+    (RAY_USE_TLS, RAY_TLS_*) reach the agent through the inherited environment, as they reach
+    Ray's processes."""
+    env = {}
+    try:
+        from ray._private.authentication import authentication_utils
+        from ray._raylet import AuthenticationTokenLoader
+    except ImportError:  # a Ray without token authentication
+        return env
+    if authentication_utils.is_token_auth_enabled():
+        header = AuthenticationTokenLoader.instance().get_token_for_http_header()
+        value = header.get("authorization") or header.get("Authorization") or ""
+        if value.startswith("Bearer "):
+            env["RAY_AUTH_MODE"] = "token"
+            env["RAY_AUTH_TOKEN"] = value[len("Bearer "):]
+    return env
 
 
 def _log_path(node_hex):
@@ -49,12 +84,19 @@ class NodeAgent:
             raise RuntimeError(f"node {node_hex} is not alive in this Ray cluster")
         ip = node["NodeManagerAddress"]
         cmd = [agent_binary(), "--plasma-socket", node["ObjectStoreSocketName"], "--node-id", node_hex,
-               "--listen", f"{ip}:0", "--ray-version", ray.__version__, "--exit-with-parent"]
+               "--listen", f"{ip}:0", "--local-socket", _socket_path(node_hex),
+               "--ray-version", ray.__version__, "--exit-with-parent"]
         if provider:
             cmd += ["--provider", provider]
         self.log = _log_path(node_hex)
         proc_env = dict(os.environ)
+        proc_env.update(cluster_credentials_env())
         proc_env.update(env or {})
+        # libfabric 1.17's verbs MR cache registers every region writable by peers (and keeps
+        # keys alive after deregistration): agents run without it unless the user chose a cache
+        # setting (never overridden). See README, Security.
+        if not any(v in proc_env for v in MR_CACHE_VARIABLES):
+            proc_env["FI_MR_CACHE_MAX_COUNT"] = "0"
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=proc_env)
         line = self.proc.stdout.readline().decode(errors="replace").strip()

@@ -1,17 +1,44 @@
 """gRPC client of one rayfabricd (proto/rayfabric/v1/agent.proto), over generic unary calls: the
-messages come from agent_pb2 (checked in, generated from the proto); no grpc codegen needed."""
+messages come from agent_pb2 (checked in, generated from the proto); no grpc codegen needed.
+
+Channels are made the way Ray makes its own (ray._private.grpc_utils.init_grpc_channel): TLS when
+RAY_USE_TLS is set, the cluster's token on every call when RAY_AUTH_MODE=token. `address` is
+host:port (another node's agent) or unix:PATH (this node's agent, the only one that serves Pull)."""
 import grpc
 
 from rayfabric import agent_pb2 as pb
 
-PROTOCOL = pb.PROTOCOL_V1
+PROTOCOL = pb.PROTOCOL_V2
 _OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 
 
+def make_channel(address, insecure=False):
+    """A channel with the Ray cluster's credentials (insecure=True: none, for tests that play a
+    peer without them)."""
+    if insecure:
+        return grpc.insecure_channel(address, options=_OPTIONS)
+    try:
+        from ray._private.grpc_utils import init_grpc_channel
+    except ImportError:  # a Ray without it has neither token authentication nor this helper
+        return grpc.insecure_channel(address, options=_OPTIONS)
+    options = list(_OPTIONS)
+    if address.startswith("unix:"):
+        # With TLS, a Unix socket has no host name to check the certificate against: the node's
+        # own agent is checked as "localhost" (Ray's certificates name it).
+        options.append(("grpc.ssl_target_name_override", "localhost"))
+    return init_grpc_channel(address, options=options)
+
+
+def error_name(code):
+    """ERROR_CODE_NOT_FOUND -> "NotFound" style names for logs and stats."""
+    name = pb.ErrorCode.Name(code).replace("ERROR_CODE_", "")
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
 class AgentClient:
-    def __init__(self, address):
+    def __init__(self, address, channel=None):
         self.address = address
-        self._channel = grpc.insecure_channel(address, options=_OPTIONS)
+        self._channel = channel if channel is not None else make_channel(address)
 
         def call(name, req, rep):
             return self._channel.unary_unary(f"/rayfabric.v1.Agent/{name}",

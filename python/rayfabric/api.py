@@ -9,7 +9,7 @@ from ray.core.generated import common_pb2
 
 from rayfabric import _agents
 from rayfabric import agent_pb2 as pb
-from rayfabric._client import AgentClient
+from rayfabric._client import AgentClient, error_name
 
 log = logging.getLogger("rayfabric")
 
@@ -137,7 +137,7 @@ def _pull(refs, timeout):
         return
     core_worker = ray._private.worker.global_worker.core_worker
     locations = _locations(core_worker, ready)
-    candidates = []  # (ref, holder node ids) worth a pull
+    candidates = []  # (ref, holder node ids, size from Ray's directory) worth a pull
     spilled = set()  # Ray keeps listing the node of a spilled object after evicting it from plasma
     total = 0
     for ref in ready:
@@ -152,7 +152,7 @@ def _pull(refs, timeout):
         if size < MIN_OBJECT_BYTES:
             _count("ray_path_small")
             continue
-        candidates.append((ref, nodes))
+        candidates.append((ref, nodes, size))
         if loc.get("did_spill"):
             spilled.add(ref.binary())
         total += size
@@ -163,20 +163,23 @@ def _pull(refs, timeout):
     # again and retry those objects once, before leaving them to Ray's path.
     for attempt in range(2):
         items = []
-        for ref, nodes in candidates:
+        for ref, nodes, size in candidates:
             source = next((agents[n]["address"] for n in nodes if n in agents), None)
             if source is None:
                 _fallback("no rayfabric agent on the node(s) holding the object")
                 continue
-            items.append(pb.PullItem(object_id=ref.binary(), owner=_owner(core_worker, ref), source_agent=source))
+            items.append(pb.PullItem(object_id=ref.binary(), owner=_owner(core_worker, ref), source_agent=source,
+                                     object_size=size))
         if not items:
             return
         left = PULL_TIMEOUT_S if deadline is None else max(0.1, min(PULL_TIMEOUT_S, deadline - time.monotonic()))
+        # This node's agent serves Pull on its local socket only.
+        local_address = "unix:" + local["local_socket"]
         try:
-            reply = _client(local["address"]).pull(items, left)
+            reply = _client(local_address).pull(items, left)
         except Exception as e:  # noqa: BLE001 - agent dead/unreachable: Ray's path
             code = e.code().name if hasattr(e, "code") else type(e).__name__
-            _fallback(f"local agent at {local['address']} did not answer ({code})", len(items))
+            _fallback(f"local agent at {local_address} did not answer ({code})", len(items))
             _agents_cache["at"] = 0.0
             return
         unreachable = {}
@@ -189,26 +192,26 @@ def _pull(refs, timeout):
                 _count("already_local")
             elif r.outcome == pb.STOOD_ASIDE:
                 _count("stood_aside")
-            elif r.error_code == "NotFound" and item.object_id in spilled:
+            elif r.error_code == pb.ERROR_CODE_NOT_FOUND and item.object_id in spilled:
                 _count("ray_path_spilled")  # evicted after spilling: Ray restores it from disk
-            elif r.error_code == "Unavailable" and attempt == 0:
+            elif r.error_code == pb.ERROR_CODE_UNAVAILABLE and attempt == 0:
                 unreachable[item.object_id] = (item.source_agent, r)
             else:
-                if r.error_code == "Unavailable":
+                if r.error_code == pb.ERROR_CODE_UNAVAILABLE:
                     _agents_cache["at"] = 0.0  # an agent moved or died: read the KV again next time
-                _fallback(f"pull failed: {r.error_code}: {r.error[:200]}")
+                _fallback(f"pull failed: {error_name(r.error_code)}: {r.error[:200]}")
         if not unreachable:
             return
         agents = _agent_records(refresh=True)
         retry = []
-        for ref, nodes in candidates:
+        for ref, nodes, size in candidates:
             if ref.binary() not in unreachable:
                 continue
             old_source, r = unreachable[ref.binary()]
             if any(agents[n]["address"] != old_source for n in nodes if n in agents):
-                retry.append((ref, nodes))
+                retry.append((ref, nodes, size))
             else:
-                _fallback(f"pull failed: {r.error_code}: {r.error[:200]}")
+                _fallback(f"pull failed: {error_name(r.error_code)}: {r.error[:200]}")
         candidates = retry
         if not candidates:
             return

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <optional>
 #include <set>
 
@@ -37,9 +38,13 @@ std::string ShortHex(const std::string& binary) { return BytesToHex(binary).subs
 
 void SetError(v1::PullResult& r, const Status& s) {
   r.set_outcome(v1::FAILED);
-  r.set_error_code(StatusCodeName(s.code()));
+  r.set_error_code(ToErrorCode(s.code()));
   r.set_error(s.message());
 }
+
+// How long before its lease expires a read may still start, and the margin a reader asks for
+// beyond its own deadline.
+constexpr auto kLeaseMargin = std::chrono::seconds(2);
 
 Status FromGrpc(const grpc::Status& s, const std::string& what) {
   switch (s.error_code()) {
@@ -51,6 +56,9 @@ Status FromGrpc(const grpc::Status& s, const std::string& what) {
       return VersionMismatch(what + ": " + s.error_message());
     case grpc::StatusCode::INVALID_ARGUMENT:
       return InvalidArgument(what + ": " + s.error_message());
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return PermissionDenied(what + ": " + s.error_message() +
+                              " (do both nodes use the same Ray cluster token?)");
     default:
       return ProtocolError(what + ": gRPC " + std::to_string(s.error_code()) + ": " +
                            s.error_message());
@@ -70,6 +78,7 @@ struct Agent::PullJob {
   plasma::ObjectBuffer replica;
   fabric::Transfer transfer;
   Clock::time_point started;
+  Clock::time_point lease_expires;  // by our clock, counted from before the lease was asked
 };
 
 Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options) {
@@ -79,7 +88,8 @@ Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options) {
         std::to_string(options.node_id.size()) + " bytes");
   }
   // Every numeric setting is checked here, once, with the name of the bad one.
-  for (const char* name : {"max_leases", "lease_ttl_ms", "create_timeout_ms", "op_timeout_ms"}) {
+  for (const char* name : {"max_leases", "lease_ttl_ms", "max_lease_ttl_ms", "create_timeout_ms",
+                           "op_timeout_ms", "drain_timeout_ms"}) {
     RF_ASSIGN_OR_RETURN(int64_t v, options.config.GetInt(name));
     if (v <= 0)
       return InvalidArgument(std::string(name) + " must be > 0, got " + std::to_string(v));
@@ -90,9 +100,46 @@ Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options) {
                       plasma::PlasmaClient::Connect(options.plasma_socket, connect));
   RF_ASSIGN_OR_RETURN(auto pull_store,
                       plasma::PlasmaClient::Connect(options.plasma_socket, connect));
+  // One host may pin at most this much of the store under leases.
+  const std::string per_peer = options.config.GetString("max_lease_bytes_per_peer");
+  uint64_t max_lease_bytes_per_peer = 0;
+  if (!per_peer.empty() && per_peer.back() == '%') {
+    char* end = nullptr;
+    const double pct = std::strtod(per_peer.c_str(), &end);
+    if (end != per_peer.c_str() + per_peer.size() - 1 || pct <= 0 || pct > 100) {
+      return InvalidArgument("max_lease_bytes_per_peer='" + per_peer +
+                             "': a share must be in (0%, 100%]");
+    }
+    max_lease_bytes_per_peer =
+        static_cast<uint64_t>(pct / 100.0 * static_cast<double>(serve_store->memory_capacity()));
+  } else {
+    RF_ASSIGN_OR_RETURN(max_lease_bytes_per_peer,
+                        options.config.GetBytes("max_lease_bytes_per_peer"));
+  }
+  if (max_lease_bytes_per_peer == 0) {
+    return InvalidArgument("max_lease_bytes_per_peer must be > 0 (a size like 8G, or a share "
+                           "like 50%)");
+  }
+  RF_ASSIGN_OR_RETURN(bool allow_unprotected, options.config.GetBool("allow_unprotected_memory"));
   RF_ASSIGN_OR_RETURN(auto engine, fabric::Engine::Open(options.config));
+  const fabric::ProviderProfile& profile = engine->profile();
+  if (!profile.enforces_access) {
+    if (!allow_unprotected) {
+      return PermissionDenied(
+          "provider " + profile.provider + " does not enforce registration access (" +
+          profile.access_note +
+          "): peers holding or guessing a key could write this node's object store. Set "
+          "FI_MR_CACHE_MAX_COUNT=0 for the agent (verbs/efa), choose another provider, or accept "
+          "the risk with RAYFABRIC_ALLOW_UNPROTECTED_MEMORY=true");
+    }
+    RF_LOG(kWarn, "serving plasma memory on " << profile.provider
+                                              << " although it does not enforce access ("
+                                              << profile.access_note
+                                              << "): allowed by allow_unprotected_memory");
+  }
   return std::unique_ptr<Agent>(new Agent(std::move(options), std::move(serve_store),
-                                          std::move(pull_store), std::move(engine)));
+                                          std::move(pull_store), std::move(engine),
+                                          max_lease_bytes_per_peer));
 }
 
 struct Agent::PendingRelease {
@@ -104,15 +151,19 @@ struct Agent::PendingRelease {
 
 Agent::Agent(AgentOptions options, std::unique_ptr<plasma::PlasmaClient> serve_store,
              std::unique_ptr<plasma::PlasmaClient> pull_store,
-             std::unique_ptr<fabric::Engine> engine)
+             std::unique_ptr<fabric::Engine> engine, uint64_t max_lease_bytes_per_peer)
     : options_(std::move(options)),
       serve_store_(std::move(serve_store)),
       pull_store_(std::move(pull_store)),
       engine_(std::move(engine)),
-      leases_(static_cast<size_t>(options_.config.GetInt("max_leases").value())),
+      leases_(static_cast<size_t>(options_.config.GetInt("max_leases").value()),
+              max_lease_bytes_per_peer),
+      peers_(options_.credentials),
       default_ttl_(options_.config.GetInt("lease_ttl_ms").value()),
+      max_ttl_(options_.config.GetInt("max_lease_ttl_ms").value()),
       create_timeout_ms_(options_.config.GetInt("create_timeout_ms").value()),
-      op_timeout_ms_(options_.config.GetInt("op_timeout_ms").value()) {
+      op_timeout_ms_(options_.config.GetInt("op_timeout_ms").value()),
+      drain_timeout_ms_(options_.config.GetInt("drain_timeout_ms").value()) {
   auto on_unmapped = [this](const plasma::SegmentInfo& s) { OnSegmentUnmapped(s); };
   serve_store_->SetSegmentCallbacks(nullptr, on_unmapped);
   pull_store_->SetSegmentCallbacks(nullptr, on_unmapped);
@@ -158,8 +209,10 @@ Result<std::shared_ptr<fabric::MemoryRegion>> Agent::RegionFor(uint8_t* base, si
   auto it = regions_.find(base);
   if (it != regions_.end() && it->second.region->length() >= size) return it->second.region;
   // The whole segment (the store's arena: every later object in it is served or filled with no
-  // new registration).
-  RF_ASSIGN_OR_RETURN(auto region, engine_->Register(base, size));
+  // new registration), with exactly what the two sides need: peers may read it (serving), this
+  // process's fi_read writes replicas into it (pulling). Never remote write.
+  RF_ASSIGN_OR_RETURN(auto region,
+                      engine_->Register(base, size, fabric::kLocalRead | fabric::kRemoteRead));
   regions_[base] = Registered{region};
   return region;
 }
@@ -182,17 +235,21 @@ v1::InfoReply Agent::Info() const {
   info.set_fabric_address(engine_->Address());
   info.set_provider_reason(engine_->report().reason);
   info.set_pid(static_cast<int32_t>(getpid()));
+  info.set_token_auth(options_.credentials.token_required());
+  info.set_tls(options_.credentials.tls());
+  info.set_exposure("arena");
+  info.set_max_lease_ttl_ms(static_cast<uint32_t>(max_ttl_.count()));
   return info;
 }
 
 void Agent::RefuseLease(v1::Lease& lease, const Status& why) {
   ++leases_refused_;
-  lease.set_error_code(StatusCodeName(why.code()));
+  lease.set_error_code(ToErrorCode(why.code()));
   lease.set_error(why.message());
 }
 
 void Agent::GrantLease(v1::Lease& lease, const ObjectId& id, const plasma::ObjectBuffer& obj,
-                       std::chrono::milliseconds ttl) {
+                       std::chrono::milliseconds ttl, const std::string& requester) {
   // `obj` is pinned by our Get: every refusal below unpins it.
   const uint64_t bytes = obj.data_size + obj.metadata_size;
   auto region = RegionFor(obj.segment_base, obj.segment_size);
@@ -201,7 +258,7 @@ void Agent::GrantLease(v1::Lease& lease, const ObjectId& id, const plasma::Objec
     return RefuseLease(
         lease, region.status().WithContext("registering the store memory of object " + id.Hex()));
   }
-  auto grant = leases_.Grant(LeasedObject{id, bytes}, ttl);
+  auto grant = leases_.Grant(LeasedObject{id, bytes, requester}, ttl);
   if (!grant.ok()) {
     (void)serve_store_->Release(id);
     return RefuseLease(lease, grant.status());
@@ -218,7 +275,8 @@ void Agent::GrantLease(v1::Lease& lease, const ObjectId& id, const plasma::Objec
 }
 
 void Agent::LeaseBatch(v1::LeaseReply& reply, const std::vector<int>& indices,
-                       const std::vector<ObjectId>& ids, std::chrono::milliseconds ttl) {
+                       const std::vector<ObjectId>& ids, std::chrono::milliseconds ttl,
+                       const std::string& requester) {
   if (indices.empty()) return;
   // One store round trip for the whole batch. If the store refuses the batch (it validates
   // every id), each object is asked alone so that only the bad one is refused.
@@ -231,7 +289,7 @@ void Agent::LeaseBatch(v1::LeaseReply& reply, const std::vector<int>& indices,
     v1::Lease& lease = *reply.mutable_leases(indices[k]);
     if (pinned) {
       if ((*pinned)[k].found) {
-        GrantLease(lease, ids[k], (*pinned)[k], ttl);
+        GrantLease(lease, ids[k], (*pinned)[k], ttl, requester);
       } else {
         RefuseLease(lease, serve_store_->NotSealed(ids[k], 0));
       }
@@ -239,25 +297,27 @@ void Agent::LeaseBatch(v1::LeaseReply& reply, const std::vector<int>& indices,
     }
     auto one = serve_store_->GetOne(ids[k], 0);
     if (one.ok()) {
-      GrantLease(lease, ids[k], *one, ttl);
+      GrantLease(lease, ids[k], *one, ttl, requester);
     } else {
       RefuseLease(lease, one.status());
     }
   }
 }
 
-v1::LeaseReply Agent::Lease(const v1::LeaseRequest& request) {
+v1::LeaseReply Agent::Lease(const v1::LeaseRequest& request, const std::string& requester) {
   v1::LeaseReply reply;
   reply.set_fabric_address(engine_->Address());
   reply.set_provider(engine_->profile().provider);
+  // A reader asks for as long as its pull may take; no longer than max_lease_ttl_ms.
   auto ttl = request.ttl_ms() > 0 ? std::chrono::milliseconds(request.ttl_ms()) : default_ttl_;
+  ttl = std::min(ttl, max_ttl_);
   // Distinct ids in batches (the store pins an object once per Get; a request may list one id
   // twice and get two leases).
   std::vector<int> batch;
   std::vector<ObjectId> batch_ids;
   std::set<ObjectId> in_batch;
   auto flush = [&] {
-    LeaseBatch(reply, batch, batch_ids, ttl);
+    LeaseBatch(reply, batch, batch_ids, ttl, requester);
     batch.clear();
     batch_ids.clear();
     in_batch.clear();
@@ -285,7 +345,7 @@ v1::ReleaseReply Agent::Release(const v1::ReleaseRequest& request) {
     auto released = leases_.Release(ref.lease_id(), ref.token());
     Status s = released.ok() ? serve_store_->Release(released->object) : released.status();
     if (released.ok()) ++leases_released_;
-    reply.add_error_codes(s.ok() ? "" : StatusCodeName(s.code()));
+    reply.add_error_codes(ToErrorCode(s.code()));
     reply.add_errors(s.ok() ? "" : s.message());
   }
   return reply;
@@ -300,15 +360,57 @@ void Agent::SweepLoop() {
       RF_LOG(kWarn, "lease on object " << o.object.Hex() << " expired unreleased: unpinned");
       (void)serve_store_->Release(o.object);
     }
+    SweepQuarantine();
   }
 }
 
-v1::PullReply Agent::Pull(const v1::PullRequest& request) {
+void Agent::SweepQuarantine() {
+  std::vector<ObjectId> drained;
+  {
+    std::lock_guard<std::mutex> lock(quarantine_mu_);
+    for (auto it = quarantine_.begin(); it != quarantine_.end();) {
+      if (it->transfer.Quiesced()) {
+        drained.push_back(it->id);
+        it = quarantine_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const ObjectId& id : drained) {
+    RF_LOG(kInfo, "replica of object " << id.Hex() << ": its failed read has drained; aborted");
+    (void)pull_store_->Abort(id);
+  }
+}
+
+void Agent::EndFailedReplica(PullJob& job) {
+  // Nothing of a failed read may land in memory the store reuses: the engine reports a failed
+  // transfer only once its operations are drained (or its endpoint was reset). Where it could do
+  // neither, the replica stays created and unsealed, which keeps the store from reusing it.
+  if (!job.transfer.Done()) {
+    job.transfer.Cancel("the pull gave up on it");
+    (void)job.transfer.Wait(std::chrono::milliseconds(drain_timeout_ms_ + 5000));
+  }
+  if (job.transfer.Quiesced()) {
+    (void)pull_store_->Abort(job.id);
+  } else {
+    ++replicas_quarantined_;
+    RF_LOG(kWarn, "replica of object " << job.id.Hex()
+                                       << " kept unsealed: its failed read still has operations "
+                                          "outstanding (aborted once they drain)");
+    std::lock_guard<std::mutex> lock(quarantine_mu_);
+    quarantine_.push_back({job.id, job.transfer});
+  }
+  job.created = false;
+}
+
+v1::PullReply Agent::Pull(const v1::PullRequest& request, Clock::time_point caller_deadline) {
   v1::PullReply reply;
   reply.set_provider(engine_->profile().provider);
-  const auto deadline =
-      Clock::now() +
-      std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms() : op_timeout_ms_);
+  const auto deadline = std::min(
+      caller_deadline,
+      Clock::now() + std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms()
+                                                                        : op_timeout_ms_));
   std::vector<PullJob> jobs(static_cast<size_t>(request.items_size()));
   std::vector<PullJob*> pending;
   for (int i = 0; i < request.items_size(); ++i) {
@@ -327,6 +429,12 @@ v1::PullReply Agent::Pull(const v1::PullRequest& request) {
                InvalidArgument("pull of object " + id->Hex() + ": no source_agent given"));
       continue;
     }
+    if (job.item->object_size() == 0) {
+      SetError(*job.result, InvalidArgument("pull of object " + id->Hex() +
+                                            ": no object_size (data + metadata bytes, from "
+                                            "Ray's object directory) given"));
+      continue;
+    }
     // Not asked of the store first: callers send what is not local, and Create answers
     // AlreadyExists for what is (one store round trip per object saved).
     pending.push_back(&job);
@@ -336,7 +444,8 @@ v1::PullReply Agent::Pull(const v1::PullRequest& request) {
     if (job.result->outcome() == v1::FAILED) {
       ++pulls_failed_;
       RF_LOG(kWarn, "pull of object " << ShortHex(job.item->object_id()) << " failed: "
-                                      << job.result->error_code() << ": " << job.result->error());
+                                      << v1::ErrorCode_Name(job.result->error_code()) << ": "
+                                      << job.result->error());
     }
   }
   return reply;
@@ -420,14 +529,23 @@ void Agent::PullOnce(std::vector<PullJob*> pending, Clock::time_point deadline) 
 void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
                            Clock::time_point deadline) {
   auto stub = peers_.Get(source);
-  // 1. Lease every object from the source agent in one request.
+  // 1. Lease every object from the source agent in one request, for as long as this pull may
+  //    take (the source clamps it to its max_lease_ttl_ms; the reply says what it granted).
   v1::LeaseRequest lease_request;
   lease_request.set_protocol_version(kProtocolVersion);
   lease_request.set_requester(BytesToHex(options_.node_id));
+  const auto wanted = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - Clock::now() + kLeaseMargin);
+  lease_request.set_ttl_ms(static_cast<uint32_t>(
+      std::clamp<int64_t>(wanted.count(), 1, std::numeric_limits<uint32_t>::max())));
   for (PullJob* job : jobs) lease_request.add_object_ids(job->id.Binary());
   v1::LeaseReply lease_reply;
   grpc::ClientContext lease_ctx;
+  peers_.Prepare(lease_ctx);
   lease_ctx.set_deadline(ToSystem(std::min(deadline, Clock::now() + kRpcTimeout)));
+  // Lease expiries are counted from before the request left: by our clock they end no later than
+  // by the source's.
+  const Clock::time_point asked_at = Clock::now();
   grpc::Status rpc = stub->LeaseObjects(&lease_ctx, lease_request, &lease_reply);
   Status leased_status =
       rpc.ok() ? Status::OK() : FromGrpc(rpc, "leasing from the agent at " + source);
@@ -455,15 +573,35 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
   for (size_t i = 0; i < jobs.size(); ++i) {
     PullJob& job = *jobs[i];
     job.lease = lease_reply.leases(static_cast<int>(i));
-    if (!job.lease.error_code().empty()) {
+    if (job.lease.error_code() != v1::ERROR_CODE_NONE) {
       if (AnsweredLocal(job)) continue;
+      // The source's reason, as its code (NotFound: not there; ResourceExhausted: its bounds).
+      const int code = job.lease.error_code();
+      const StatusCode why = code > 0 && code <= static_cast<int>(StatusCode::kInternal)
+                                 ? static_cast<StatusCode>(code)
+                                 : StatusCode::kProtocolError;
       SetError(*job.result,
-               Status(StatusCode::kNotFound,
+               Status(why,
                       "the agent at " + source + " refused a lease on object " + job.id.Hex() +
-                          ": " + job.lease.error_code() + ": " + job.lease.error()));
+                          ": " + v1::ErrorCode_Name(job.lease.error_code()) + ": " +
+                          job.lease.error()));
       continue;
     }
     job.leased = true;
+    job.lease_expires = asked_at + std::chrono::milliseconds(job.lease.expires_in_ms());
+    const uint64_t leased_size = job.lease.data_size() + job.lease.metadata_size();
+    if (job.lease.data_size() > leased_size || leased_size != job.item->object_size()) {
+      // The source describes an object of another size than Ray's directory does: never create
+      // (and seal) a replica of its choosing.
+      ++leases_size_mismatch_;
+      SetError(*job.result,
+               OutOfRange("the agent at " + source + " leased object " + job.id.Hex() + " as " +
+                          std::to_string(job.lease.data_size()) + " + " +
+                          std::to_string(job.lease.metadata_size()) +
+                          " bytes, but Ray's directory says " +
+                          std::to_string(job.item->object_size()) + ": refused"));
+      continue;
+    }
     if (!peer_status.ok()) SetError(*job.result, peer_status);
   }
 
@@ -475,6 +613,13 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
     for (; next < jobs.size() && wave.size() < kWaveObjects && wave_bytes < kWaveBytes; ++next) {
       PullJob& job = *jobs[next];
       if (!job.leased || job.result->outcome() == v1::FAILED) continue;
+      if (Clock::now() + kLeaseMargin > job.lease_expires) {
+        // Never read under a lease that may end during the read.
+        ++pulls_lease_expired_;
+        SetError(*job.result, TimedOut("the lease on object " + job.id.Hex() + " from " +
+                                       source + " is about to expire: not read"));
+        continue;
+      }
       const uint64_t bytes = job.lease.data_size() + job.lease.metadata_size();
       plasma::CreateOptions create;
       create.owner.node_id = job.item->owner().node_id();
@@ -483,7 +628,10 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
       create.owner.worker_id = job.item->owner().worker_id();
       create.data_size = job.lease.data_size();
       create.metadata_size = job.lease.metadata_size();
-      create.timeout_ms = create_timeout_ms_;
+      create.timeout_ms = std::min<int64_t>(
+          create_timeout_ms_, std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                       deadline - Clock::now())
+                                                       .count()));
       job.started = Clock::now();
       auto replica = pull_store_->Create(job.id, create);
       if (!replica.ok()) {
@@ -528,6 +676,7 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
         if (started.ok()) job.transfer = *started;
       }
       if (!s.ok()) {
+        // Nothing was posted: the replica can go at once.
         SetError(*job.result,
                  s.WithContext("fi_read of object " + job.id.Hex() + " from " + source));
         (void)pull_store_->Abort(job.id);
@@ -540,6 +689,13 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
     for (PullJob* job : wave) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       Status s = job->transfer.Wait(std::max(left, std::chrono::milliseconds(1)));
+      if (s.ok() && Clock::now() >= job->lease_expires) {
+        // The read finished, but maybe after the source unpinned the object: its bytes may be
+        // another object's. Never seal them.
+        ++pulls_lease_expired_;
+        s = TimedOut("the read of object " + job->id.Hex() + " from " + source +
+                     " finished after its lease expired: not sealed");
+      }
       if (s.ok()) s = pull_store_->Seal(job->id);
       if (s.ok()) {
         (void)pull_store_->Release(job->id);
@@ -550,16 +706,14 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
             std::chrono::duration<double>(Clock::now() - job->started).count());
         ++objects_pulled_;
         bytes_pulled_ += bytes;
+        job->created = false;
       } else {
-        // Never seal bytes we did not get. A transfer that outlived our wait still targets the
-        // replica's memory: it fails by itself at its own deadline (op_timeout_ms) and the store
-        // only reuses the space after the abort, so bytes can land in freed space at worst.
+        // Never seal bytes we did not get, and never let a late byte of this read land in
+        // memory the store hands out again.
         SetError(*job->result,
                  s.WithContext("fi_read of object " + job->id.Hex() + " from " + source));
-        (void)job->transfer.Wait(std::chrono::milliseconds(op_timeout_ms_));
-        (void)pull_store_->Abort(job->id);
+        EndFailedReplica(*job);
       }
-      job->created = false;
     }
   }
 
@@ -580,6 +734,7 @@ void Agent::QueueRelease(const std::string& source, v1::ReleaseRequest request) 
   pending->source = source;
   pending->request = std::move(request);
   pending->context.set_deadline(ToSystem(Clock::now() + kRpcTimeout));
+  peers_.Prepare(pending->context);
   PendingRelease* call = pending.get();
   uint64_t key = 0;
   {
@@ -627,6 +782,12 @@ v1::StatusReply Agent::GetStatus() const {
   s.set_fabric_bytes_read(stats.bytes_read);
   s.set_registered_regions(stats.regions_registered);
   s.set_requests_rejected(requests_rejected_);
+  s.set_requests_unauthenticated(requests_unauthenticated_);
+  s.set_pulls_refused_remote(pulls_refused_remote_);
+  s.set_leases_size_mismatch(leases_size_mismatch_);
+  s.set_pulls_lease_expired(pulls_lease_expired_);
+  s.set_replicas_quarantined(replicas_quarantined_);
+  s.set_endpoint_resets(stats.endpoint_resets);
   return s;
 }
 

@@ -17,6 +17,7 @@
 #include <grpcpp/client_context.h>
 
 #include "agent.pb.h"
+#include "agent/auth.h"
 #include "agent/lease_table.h"
 #include "agent/peer_clients.h"
 #include "rayfabric/config.h"
@@ -28,13 +29,17 @@ namespace rayfabric::agent {
 
 namespace v1 = ::rayfabric::v1;
 
-inline constexpr uint32_t kProtocolVersion = v1::PROTOCOL_V1;
+inline constexpr uint32_t kProtocolVersion = v1::PROTOCOL_V2;
+
+// The wire's error codes are rayfabric's StatusCode values (agent.proto, ErrorCode).
+inline v1::ErrorCode ToErrorCode(StatusCode code) { return static_cast<v1::ErrorCode>(code); }
 
 struct AgentOptions {
   std::string plasma_socket;
   std::string ray_version;  // ray.__version__ of the cluster: the plasma client checks it
   std::string node_id;      // 28 raw bytes: the Ray node this agent serves
   Config config = Config::FromEnvironment();
+  Credentials credentials = Credentials::Insecure();  // for calls to other agents
 };
 
 class Agent {
@@ -45,12 +50,18 @@ class Agent {
   ~Agent();  // unpins everything still leased
 
   v1::InfoReply Info() const;
-  v1::LeaseReply Lease(const v1::LeaseRequest& request);
+  // `requester`: who asks (the peer's host, from the connection), for the per-requester bound.
+  v1::LeaseReply Lease(const v1::LeaseRequest& request, const std::string& requester);
   v1::ReleaseReply Release(const v1::ReleaseRequest& request);
-  v1::PullReply Pull(const v1::PullRequest& request);
+  // `deadline`: the caller's own (gRPC) deadline, if earlier than the request's timeout_ms.
+  v1::PullReply Pull(const v1::PullRequest& request,
+                     std::chrono::steady_clock::time_point deadline =
+                         std::chrono::steady_clock::time_point::max());
   v1::StatusReply GetStatus() const;
 
   void CountRejectedRequest() { ++requests_rejected_; }
+  void CountUnauthenticated() { ++requests_unauthenticated_; }
+  void CountRemotePull() { ++pulls_refused_remote_; }
 
  private:
   struct Registered {
@@ -59,19 +70,26 @@ class Agent {
   struct PullJob;
 
   Agent(AgentOptions options, std::unique_ptr<plasma::PlasmaClient> serve_store,
-        std::unique_ptr<plasma::PlasmaClient> pull_store, std::unique_ptr<fabric::Engine> engine);
+        std::unique_ptr<plasma::PlasmaClient> pull_store, std::unique_ptr<fabric::Engine> engine,
+        uint64_t max_lease_bytes_per_peer);
 
   // The registered region covering a mapped store segment (registered once, dropped on unmap).
   Result<std::shared_ptr<fabric::MemoryRegion>> RegionFor(uint8_t* segment_base,
                                                           size_t segment_size);
   void OnSegmentUnmapped(const plasma::SegmentInfo& segment);
   void LeaseBatch(v1::LeaseReply& reply, const std::vector<int>& indices,
-                  const std::vector<ObjectId>& ids, std::chrono::milliseconds ttl);
+                  const std::vector<ObjectId>& ids, std::chrono::milliseconds ttl,
+                  const std::string& requester);
   void GrantLease(v1::Lease& lease, const ObjectId& id, const plasma::ObjectBuffer& obj,
-                  std::chrono::milliseconds ttl);
+                  std::chrono::milliseconds ttl, const std::string& requester);
   void RefuseLease(v1::Lease& lease, const Status& why);
   void PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
                       std::chrono::steady_clock::time_point deadline);
+  // Ends a replica whose read did not succeed: aborted once nothing of the read can land any
+  // more; if the engine could not drain it, kept unsealed (out of the store's reuse) until it
+  // has, then aborted by the sweeper.
+  void EndFailedReplica(PullJob& job);
+  void SweepQuarantine();
   // Pulls `pending`, each object once: one already being pulled by a concurrent Pull is waited
   // for (the replica can be created only once), then found local, or pulled here if that failed.
   void PullOnce(std::vector<PullJob*> pending, std::chrono::steady_clock::time_point deadline);
@@ -93,8 +111,17 @@ class Agent {
   LeaseTable leases_;
   PeerClients peers_;
   std::chrono::milliseconds default_ttl_;
+  std::chrono::milliseconds max_ttl_;
   int64_t create_timeout_ms_ = 10000;
   int64_t op_timeout_ms_ = 30000;
+  int64_t drain_timeout_ms_ = 5000;
+
+  struct Quarantined {
+    ObjectId id;
+    fabric::Transfer transfer;
+  };
+  std::mutex quarantine_mu_;
+  std::vector<Quarantined> quarantine_;
 
   std::mutex in_flight_mu_;
   std::condition_variable in_flight_cv_;
@@ -105,7 +132,9 @@ class Agent {
 
   std::atomic<uint64_t> objects_pulled_{0}, bytes_pulled_{0}, pulls_failed_{0},
       pulls_stood_aside_{0}, pulls_already_local_{0}, leases_granted_{0}, leases_released_{0},
-      leases_expired_{0}, leases_refused_{0}, bytes_leased_{0}, requests_rejected_{0};
+      leases_expired_{0}, leases_refused_{0}, bytes_leased_{0}, requests_rejected_{0},
+      requests_unauthenticated_{0}, pulls_refused_remote_{0}, leases_size_mismatch_{0},
+      pulls_lease_expired_{0}, replicas_quarantined_{0};
   std::atomic<bool> populate_warned_{false};
 
   std::mutex sweep_mu_;

@@ -1,13 +1,47 @@
 #include "agent/grpc_service.h"
 
+#include <grpcpp/server_context.h>
+
+#include <chrono>
 #include <string>
+
+#include "rayfabric/log.h"
 
 namespace rayfabric::agent {
 namespace {
 
 constexpr int kMaxItemsPerRequest = 100000;
 
+// gRPC deadlines are system_clock; the agent's are steady_clock.
+std::chrono::steady_clock::time_point DeadlineOf(const grpc::ServerContext* context) {
+  const auto deadline = context->deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) {
+    return std::chrono::steady_clock::time_point::max();
+  }
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+             deadline - std::chrono::system_clock::now());
+}
+
 }  // namespace
+
+std::string AgentService::PeerHost(const std::string& peer) {
+  if (IsLocal(peer)) return "local";
+  // ipv4:1.2.3.4:port, ipv6:[::1]:port
+  std::string rest = peer.substr(peer.find(':') + 1);
+  if (!rest.empty() && rest[0] == '[') return rest.substr(1, rest.find(']') - 1);
+  return rest.substr(0, rest.rfind(':'));
+}
+
+bool AgentService::IsLocal(const std::string& peer) { return peer.rfind("unix:", 0) == 0; }
+
+grpc::Status AgentService::Authenticate(const grpc::ServerContext* context, const char* rpc) {
+  Status s = credentials_.Check(*context);
+  if (s.ok()) return grpc::Status::OK;
+  agent_->CountUnauthenticated();
+  RF_LOG(kWarn, rpc << " from " << context->peer() << " refused: " << s.message());
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(rpc) + ": " + s.message());
+}
 
 grpc::Status AgentService::CheckVersion(uint32_t version, const char* rpc) {
   if (version == kProtocolVersion) return grpc::Status::OK;
@@ -19,16 +53,20 @@ grpc::Status AgentService::CheckVersion(uint32_t version, const char* rpc) {
                           "); run the same rayfabric version on every node");
 }
 
-grpc::Status AgentService::Info(grpc::ServerContext*, const v1::InfoRequest* request,
+grpc::Status AgentService::Info(grpc::ServerContext* context, const v1::InfoRequest* request,
                                 v1::InfoReply* reply) {
+  grpc::Status a = Authenticate(context, "Info");
+  if (!a.ok()) return a;
   // Info answers any version, so that a mismatched peer can say which one it met.
   (void)request;
   *reply = agent_->Info();
   return grpc::Status::OK;
 }
 
-grpc::Status AgentService::LeaseObjects(grpc::ServerContext*, const v1::LeaseRequest* request,
-                                        v1::LeaseReply* reply) {
+grpc::Status AgentService::LeaseObjects(grpc::ServerContext* context,
+                                        const v1::LeaseRequest* request, v1::LeaseReply* reply) {
+  grpc::Status a = Authenticate(context, "LeaseObjects");
+  if (!a.ok()) return a;
   grpc::Status v = CheckVersion(request->protocol_version(), "LeaseObjects");
   if (!v.ok()) return v;
   if (request->object_ids_size() == 0 || request->object_ids_size() > kMaxItemsPerRequest) {
@@ -37,20 +75,41 @@ grpc::Status AgentService::LeaseObjects(grpc::ServerContext*, const v1::LeaseReq
                         "LeaseObjects needs 1.." + std::to_string(kMaxItemsPerRequest) +
                             " object ids, got " + std::to_string(request->object_ids_size()));
   }
-  *reply = agent_->Lease(*request);
+  *reply = agent_->Lease(*request, PeerHost(context->peer()));
   return grpc::Status::OK;
 }
 
-grpc::Status AgentService::ReleaseLeases(grpc::ServerContext*, const v1::ReleaseRequest* request,
+grpc::Status AgentService::ReleaseLeases(grpc::ServerContext* context,
+                                         const v1::ReleaseRequest* request,
                                          v1::ReleaseReply* reply) {
+  grpc::Status a = Authenticate(context, "ReleaseLeases");
+  if (!a.ok()) return a;
   grpc::Status v = CheckVersion(request->protocol_version(), "ReleaseLeases");
   if (!v.ok()) return v;
+  if (request->leases_size() > kMaxItemsPerRequest) {
+    agent_->CountRejectedRequest();
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "ReleaseLeases takes at most " + std::to_string(kMaxItemsPerRequest) +
+                            " leases, got " + std::to_string(request->leases_size()));
+  }
   *reply = agent_->Release(*request);
   return grpc::Status::OK;
 }
 
-grpc::Status AgentService::Pull(grpc::ServerContext*, const v1::PullRequest* request,
+grpc::Status AgentService::Pull(grpc::ServerContext* context, const v1::PullRequest* request,
                                 v1::PullReply* reply) {
+  grpc::Status a = Authenticate(context, "Pull");
+  if (!a.ok()) return a;
+  // Pull creates and seals objects in this node's store (which workers then unpickle): only
+  // processes of this node may ask, over the agent's Unix socket.
+  if (!IsLocal(context->peer())) {
+    agent_->CountRemotePull();
+    RF_LOG(kWarn, "Pull from " << context->peer() << " refused: not a local process");
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "Pull is served only to processes of this node, on the agent's local "
+                        "socket (its record's local_socket); " +
+                            context->peer() + " is not local");
+  }
   grpc::Status v = CheckVersion(request->protocol_version(), "Pull");
   if (!v.ok()) return v;
   if (request->items_size() == 0 || request->items_size() > kMaxItemsPerRequest) {
@@ -59,12 +118,14 @@ grpc::Status AgentService::Pull(grpc::ServerContext*, const v1::PullRequest* req
                         "Pull needs 1.." + std::to_string(kMaxItemsPerRequest) + " items, got " +
                             std::to_string(request->items_size()));
   }
-  *reply = agent_->Pull(*request);
+  *reply = agent_->Pull(*request, DeadlineOf(context));
   return grpc::Status::OK;
 }
 
-grpc::Status AgentService::GetStatus(grpc::ServerContext*, const v1::StatusRequest* request,
-                                     v1::StatusReply* reply) {
+grpc::Status AgentService::GetStatus(grpc::ServerContext* context,
+                                     const v1::StatusRequest* request, v1::StatusReply* reply) {
+  grpc::Status a = Authenticate(context, "GetStatus");
+  if (!a.ok()) return a;
   (void)request;
   *reply = agent_->GetStatus();
   return grpc::Status::OK;

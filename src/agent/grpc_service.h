@@ -1,15 +1,18 @@
-// The agent's gRPC face: checks the protocol version and the shape of every request, then calls
-// Agent. Nothing else lives here.
+// The agent's gRPC face: authenticates every call (the Ray cluster's token, when it uses one),
+// keeps Pull to this node's own processes (the local Unix socket), checks the protocol version
+// and the shape of every request, then calls Agent. Nothing else lives here.
 #pragma once
 
 #include "agent.grpc.pb.h"
 #include "agent/agent.h"
+#include "agent/auth.h"
 
 namespace rayfabric::agent {
 
 class AgentService final : public v1::Agent::Service {
  public:
-  explicit AgentService(Agent* agent) : agent_(agent) {}
+  AgentService(Agent* agent, Credentials credentials)
+      : agent_(agent), credentials_(std::move(credentials)) {}
 
   grpc::Status Info(grpc::ServerContext*, const v1::InfoRequest*, v1::InfoReply*) override;
   grpc::Status LeaseObjects(grpc::ServerContext*, const v1::LeaseRequest*,
@@ -19,9 +22,17 @@ class AgentService final : public v1::Agent::Service {
   grpc::Status Pull(grpc::ServerContext*, const v1::PullRequest*, v1::PullReply*) override;
   grpc::Status GetStatus(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusReply*) override;
 
+  // The host part of a gRPC peer string ("ipv4:10.0.0.1:5000" -> "10.0.0.1", "unix:..." ->
+  // "local"): who holds leases, for the per-requester bound.
+  static std::string PeerHost(const std::string& peer);
+  // True for calls that came over a Unix socket (processes of this node).
+  static bool IsLocal(const std::string& peer);
+
  private:
+  grpc::Status Authenticate(const grpc::ServerContext* context, const char* rpc);
   grpc::Status CheckVersion(uint32_t version, const char* rpc);
   Agent* agent_;
+  Credentials credentials_;
 };
 
 }  // namespace rayfabric::agent

@@ -36,10 +36,34 @@ Result<LeaseGrant> LeaseTable::Grant(const LeasedObject& object, std::chrono::mi
     return ResourceExhausted("this agent already holds " + std::to_string(leases_.size()) +
                              " leases (max_leases / RAYFABRIC_MAX_LEASES); release some or retry");
   }
+  uint64_t& held = bytes_by_requester_[object.requester];
+  // A requester that holds nothing may always lease one object, however large (else an object
+  // above the bound could never move); beyond that, the bound holds.
+  if (held > 0 &&
+      (object.bytes > max_bytes_per_requester_ || held > max_bytes_per_requester_ - object.bytes)) {
+    const uint64_t already = held;
+    if (held == 0) bytes_by_requester_.erase(object.requester);
+    return ResourceExhausted("requester " + object.requester + " already holds " +
+                             std::to_string(already) + " bytes leased here; " +
+                             std::to_string(object.bytes) + " more would pass the bound of " +
+                             std::to_string(max_bytes_per_requester_) +
+                             " per requester (RAYFABRIC_MAX_LEASE_BYTES_PER_PEER): release "
+                             "leases first");
+  }
   LeaseGrant grant{next_id_++, RandomToken()};
   leases_.emplace(grant.id, Entry{object, grant.token, now + ttl});
   pinned_bytes_ += object.bytes;
+  held += object.bytes;
   return grant;
+}
+
+void LeaseTable::UnpinLocked(const LeasedObject& object) {
+  pinned_bytes_ -= object.bytes;
+  auto it = bytes_by_requester_.find(object.requester);
+  if (it != bytes_by_requester_.end()) {
+    it->second -= object.bytes;
+    if (it->second == 0) bytes_by_requester_.erase(it);
+  }
 }
 
 Result<LeasedObject> LeaseTable::Release(uint64_t id, const std::string& token) {
@@ -60,7 +84,7 @@ Result<LeasedObject> LeaseTable::Release(uint64_t id, const std::string& token) 
                             "lease); the lease stays until its holder releases it or it expires");
   }
   LeasedObject object = it->second.object;
-  pinned_bytes_ -= object.bytes;
+  UnpinLocked(object);
   leases_.erase(it);
   return object;
 }
@@ -71,7 +95,7 @@ std::vector<LeasedObject> LeaseTable::TakeExpired(Clock::time_point now) {
   for (auto it = leases_.begin(); it != leases_.end();) {
     if (it->second.expires <= now) {
       out.push_back(it->second.object);
-      pinned_bytes_ -= it->second.object.bytes;
+      UnpinLocked(it->second.object);
       if (expired_ring_.size() < kExpiredRing) {
         expired_ring_.push_back(it->first);
       } else {
@@ -91,6 +115,7 @@ std::vector<LeasedObject> LeaseTable::TakeAll() {
   for (auto& [id, entry] : leases_) out.push_back(entry.object);
   leases_.clear();
   pinned_bytes_ = 0;
+  bytes_by_requester_.clear();
   return out;
 }
 
@@ -102,6 +127,12 @@ size_t LeaseTable::active() const {
 uint64_t LeaseTable::pinned_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return pinned_bytes_;
+}
+
+uint64_t LeaseTable::pinned_bytes_of(const std::string& requester) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = bytes_by_requester_.find(requester);
+  return it == bytes_by_requester_.end() ? 0 : it->second;
 }
 
 bool LeaseTable::RecentlyExpired(uint64_t id) const {

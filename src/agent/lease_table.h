@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -23,7 +24,8 @@ struct LeaseGrant {
 
 struct LeasedObject {
   ObjectId object;
-  uint64_t bytes = 0;  // data + metadata, for the pinned-bytes counter
+  uint64_t bytes = 0;     // data + metadata, for the pinned-bytes counters
+  std::string requester;  // who holds it (the peer's host), for the per-requester byte bound
 };
 
 class LeaseTable {
@@ -31,9 +33,12 @@ class LeaseTable {
   using Clock = std::chrono::steady_clock;
   static constexpr size_t kTokenBytes = 16;
 
-  explicit LeaseTable(size_t max_leases) : max_leases_(max_leases) {}
+  explicit LeaseTable(size_t max_leases, uint64_t max_bytes_per_requester = std::numeric_limits<uint64_t>::max())
+      : max_leases_(max_leases), max_bytes_per_requester_(max_bytes_per_requester) {}
 
-  // ResourceExhausted when max_leases are active.
+  // ResourceExhausted when max_leases are active, or when a requester that already holds leases
+  // would hold more than max_bytes_per_requester pinned (one host cannot pin the whole store; a
+  // requester holding nothing may lease one object of any size).
   Result<LeaseGrant> Grant(const LeasedObject& object, std::chrono::milliseconds ttl,
                            Clock::time_point now = Clock::now());
   // The released lease's object; NotFound for an unknown or expired lease, PermissionDenied for
@@ -46,6 +51,7 @@ class LeaseTable {
 
   size_t active() const;
   uint64_t pinned_bytes() const;
+  uint64_t pinned_bytes_of(const std::string& requester) const;
   // Lease expired ids are remembered (bounded) so that a late Release says "expired".
   bool RecentlyExpired(uint64_t id) const;
 
@@ -56,9 +62,12 @@ class LeaseTable {
     Clock::time_point expires;
   };
   mutable std::mutex mu_;
+  void UnpinLocked(const LeasedObject& object);
   size_t max_leases_;
+  uint64_t max_bytes_per_requester_;
   uint64_t next_id_ = 1;
   uint64_t pinned_bytes_ = 0;
+  std::unordered_map<std::string, uint64_t> bytes_by_requester_;
   std::unordered_map<uint64_t, Entry> leases_;
   std::vector<uint64_t> expired_ring_;  // last few expired ids, for a clear error
   size_t expired_next_ = 0;

@@ -11,7 +11,7 @@ std::shared_ptr<::rayfabric::v1::Agent::Stub> PeerClients::Get(const std::string
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  auto channel = grpc::CreateCustomChannel(address, credentials_.ChannelCredentials(), args);
   auto stub =
       std::shared_ptr<::rayfabric::v1::Agent::Stub>(::rayfabric::v1::Agent::NewStub(channel));
   stubs_[address] = stub;

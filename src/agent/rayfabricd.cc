@@ -1,14 +1,22 @@
 // rayfabricd: the rayfabric agent of one Ray node. Serves leases on the node's plasma objects and
 // pulls remote objects into it by fi_read; controlled over gRPC (proto/rayfabric/v1/agent.proto).
 //
-//   rayfabricd --plasma-socket PATH --node-id HEX --listen HOST:PORT [--ray-version V]
-//              [--provider P] [--domain D] [--exit-with-parent]
+//   rayfabricd --plasma-socket PATH --node-id HEX --listen HOST:PORT --local-socket PATH
+//              [--ray-version V] [--provider P] [--domain D] [--exit-with-parent]
 //
-// Once serving it prints one line `RAYFABRICD_READY {json}` (address, provider, domain, pid) to
-// stdout; any startup error is one line `RAYFABRICD_ERROR {json}` and exit status 1.
+// Two ports: --listen (other agents: Info, LeaseObjects, ReleaseLeases, GetStatus) and the Unix
+// socket --local-socket (this node's processes; the only place Pull is served), both with the
+// Ray cluster's credentials (token / TLS, from Ray's environment variables: agent/auth.h).
+// Once serving it prints one line `RAYFABRICD_READY {json}` (address, local_socket, provider,
+// domain, pid, token_auth, tls) to stdout; any startup error is one line
+// `RAYFABRICD_ERROR {json}` and exit status 1.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <sys/un.h>
 
 #include <csignal>
 #include <iostream>
@@ -41,6 +49,7 @@ int StartupError(const Status& s) {
 struct Flags {
   AgentOptions agent;
   std::string listen = "127.0.0.1:0";
+  std::string local_socket;
   bool exit_with_parent = false;
 };
 
@@ -59,6 +68,8 @@ Result<Flags> ParseFlags(int argc, char** argv) {
       RF_ASSIGN_OR_RETURN(node_hex, value());
     } else if (arg == "--listen") {
       RF_ASSIGN_OR_RETURN(f.listen, value());
+    } else if (arg == "--local-socket") {
+      RF_ASSIGN_OR_RETURN(f.local_socket, value());
     } else if (arg == "--ray-version") {
       RF_ASSIGN_OR_RETURN(f.agent.ray_version, value());
     } else if (arg == "--provider" || arg == "--domain") {
@@ -70,10 +81,20 @@ Result<Flags> ParseFlags(int argc, char** argv) {
       return InvalidArgument(
           "unknown argument '" + arg +
           "'; usage: rayfabricd --plasma-socket PATH --node-id HEX --listen HOST:PORT "
-          "[--ray-version V] [--provider P] [--domain D] [--exit-with-parent]");
+          "--local-socket PATH [--ray-version V] [--provider P] [--domain D] "
+          "[--exit-with-parent]");
     }
   }
   if (f.agent.plasma_socket.empty()) return InvalidArgument("--plasma-socket is required");
+  if (f.local_socket.empty()) {
+    return InvalidArgument(
+        "--local-socket is required: the Unix socket where this node's processes ask for pulls "
+        "(e.g. in the Ray session directory)");
+  }
+  if (f.local_socket.size() >= sizeof(sockaddr_un::sun_path)) {
+    return InvalidArgument("--local-socket path is longer than a Unix socket path may be (" +
+                           std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes)");
+  }
   RF_ASSIGN_OR_RETURN(f.agent.node_id, HexToBytes(node_hex));
   return f;
 }
@@ -98,30 +119,47 @@ int main(int argc, char** argv) {
   sigaddset(&stop, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
+  auto credentials = Credentials::FromEnvironment();
+  if (!credentials.ok()) return StartupError(credentials.status());
+  RF_LOG(kInfo, "control plane: " << credentials->Describe());
+  flags->agent.credentials = *credentials;
   auto agent = Agent::Open(flags->agent);
   if (!agent.ok()) return StartupError(agent.status());
-  AgentService service(agent->get());
+  AgentService service(agent->get(), *credentials);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(flags->listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(flags->listen, credentials->ServerCredentials(), &port);
+  // A stale socket of an earlier agent of this node would make the bind fail.
+  unlink(flags->local_socket.c_str());
+  builder.AddListeningPort("unix:" + flags->local_socket, credentials->ServerCredentials());
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.SetMaxSendMessageSize(64 << 20);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
-    return StartupError(rayfabric::Unavailable("cannot listen on " + flags->listen +
-                                               " (address in use or not local?)"));
+    return StartupError(rayfabric::Unavailable("cannot listen on " + flags->listen + " and unix:" +
+                                               flags->local_socket +
+                                               " (address in use, not local, or the socket's "
+                                               "directory missing?)"));
+  }
+  // Only this node's user may connect to the local socket (the session directory is the Ray
+  // user's too).
+  if (chmod(flags->local_socket.c_str(), 0600) != 0) {
+    return StartupError(rayfabric::Unavailable("chmod 0600 " + flags->local_socket + " failed"));
   }
   const std::string host = flags->listen.substr(0, flags->listen.rfind(':'));
   const auto info = (*agent)->Info();
   std::cout << "RAYFABRICD_READY {\"address\":" << JsonString(host + ":" + std::to_string(port))
+            << ",\"local_socket\":" << JsonString(flags->local_socket)
             << ",\"provider\":" << JsonString(info.provider())
-            << ",\"domain\":" << JsonString(info.domain()) << ",\"pid\":" << info.pid() << "}"
-            << std::endl;
+            << ",\"domain\":" << JsonString(info.domain()) << ",\"pid\":" << info.pid()
+            << ",\"token_auth\":" << (info.token_auth() ? "true" : "false")
+            << ",\"tls\":" << (info.tls() ? "true" : "false") << "}" << std::endl;
   int sig = 0;
   sigwait(&stop, &sig);
   RF_LOG(kInfo, "rayfabricd: signal " << sig << ", shutting down");
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   agent->reset();
+  unlink(flags->local_socket.c_str());
   return 0;
 }

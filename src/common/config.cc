@@ -21,11 +21,29 @@ const std::vector<ConfigEntry>& ConfigTable() {
       {"max_inflight", "RAYFABRIC_MAX_INFLIGHT", "16",
        "RMA operations kept in flight per transfer."},
       {"op_timeout_ms", "RAYFABRIC_OP_TIMEOUT_MS", "30000",
-       "a transfer that has not completed in this time fails with TimedOut (dead peer, cut link)."},
+       "progress timeout: a transfer in which no operation completed for this long fails with "
+       "TimedOut (dead or frozen peer, cut link); a large transfer on a slow link that keeps "
+       "completing operations never times out."},
+      {"drain_timeout_ms", "RAYFABRIC_DRAIN_TIMEOUT_MS", "5000",
+       "after a transfer failed, how long its operations still in flight may take to come back "
+       "before the engine resets its endpoint (closing every connection) so that none of them "
+       "can write a byte afterwards."},
       {"log_level", "RAYFABRIC_LOG_LEVEL", "info", "error, warn, info or debug."},
+      {"allow_unprotected_memory", "RAYFABRIC_ALLOW_UNPROTECTED_MEMORY", "false",
+       "agent: serve plasma memory even where the provider does not enforce registration access "
+       "(verbs or efa with libfabric's MR cache on, shm): peers holding or guessing a key could "
+       "then WRITE the store. Prefer FI_MR_CACHE_MAX_COUNT=0 (rayfabric's launcher sets it when "
+       "no MR-cache variable is set)."},
       {"lease_ttl_ms", "RAYFABRIC_LEASE_TTL_MS", "60000",
        "agent: a lease a reader never released is unpinned after this long (it bounds how long a "
        "dead reader can hold objects in the store)."},
+      {"max_lease_ttl_ms", "RAYFABRIC_MAX_LEASE_TTL_MS", "600000",
+       "agent: the longest lease a reader may ask for; longer requests are clamped to it (a "
+       "reader asks for as long as its pull may take)."},
+      {"max_lease_bytes_per_peer", "RAYFABRIC_MAX_LEASE_BYTES_PER_PEER", "50%",
+       "agent: bytes of objects one peer host may hold pinned under leases at once, as a size "
+       "(e.g. 8G) or a share of the store's memory (e.g. 50%); more are refused "
+       "(RESOURCE_EXHAUSTED) so that one host cannot pin the whole store."},
       {"max_leases", "RAYFABRIC_MAX_LEASES", "65536",
        "agent: active leases per agent; more are refused (RESOURCE_EXHAUSTED) so that readers "
        "cannot pin the whole store."},

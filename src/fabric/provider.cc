@@ -79,6 +79,8 @@ void DecideKeyLifetime(ProviderProfile& p) {
   const std::string util = semi == std::string::npos ? "" : name.substr(semi + 1);
   p.checks_remote_keys = true;
   p.mr_cache = false;
+  p.enforces_access = false;
+  p.access_note = "not known for provider " + name + ": assume peers may write what they can key";
   if (util == "ofi_rxd") {
     // rxd emulates RMA with messages and verifies its own keys (ofi_mr_verify on its util MR map);
     // the core provider's registrations are rxd's bounce buffers, never a user key.
@@ -102,6 +104,11 @@ void DecideKeyLifetime(ProviderProfile& p) {
           "are unmapped; set FI_MR_CACHE_MAX_COUNT=0 to make deregistration revoke keys";
     }
     p.deregistration_revokes_keys = !p.mr_cache;
+    p.enforces_access = !p.mr_cache;
+    p.access_note = p.mr_cache
+                        ? "the verbs MR cache registers every region with remote read, write and "
+                          "atomic access, whatever was asked: set FI_MR_CACHE_MAX_COUNT=0"
+                        : "verbs without the MR cache registers with exactly the access asked for";
   } else if (core == "efa") {
     if (p.local_desc) {
       p.key_lifetime = "efa with FI_MR_LOCAL opens no MR cache: fi_close() deregisters at once";
@@ -115,15 +122,24 @@ void DecideKeyLifetime(ProviderProfile& p) {
           "until evicted; set FI_EFA_MR_CACHE_ENABLE=0 to make deregistration revoke keys";
     }
     p.deregistration_revokes_keys = !p.mr_cache;
+    // From efa_mr.c (1.17), not run here: the device registration never grants remote write, and
+    // emulated writes are checked against the region's access; but a device with RDMA read can
+    // read every registration, local-only ones included.
+    p.enforces_access = !p.mr_cache;
+    p.access_note = p.mr_cache ? "efa MR cache on: access not known to be enforced"
+                               : "efa: no remote write beyond what was asked (read: see docs)";
   } else if (core == "shm") {
     p.checks_remote_keys = false;
     p.deregistration_revokes_keys = false;
     p.key_lifetime =
         "shm never checks RMA keys (process_vm_readv/writev): any same-host peer with the address "
         "can access the memory while it is mapped, registered or not";
+    p.access_note = "shm checks neither keys nor access (process_vm_readv/writev)";
   } else if (core == "tcp" || core == "net" || core == "sockets") {
     p.deregistration_revokes_keys = true;
     p.key_lifetime = core + " verifies keys in its MR map; fi_close() removes them at once";
+    p.enforces_access = true;
+    p.access_note = core + " checks each RMA's access against the region's (ofi_mr_verify)";
   } else {
     // psm2, psm3, opx, cxi, usnic, ...: not checked against their sources; do not promise.
     p.deregistration_revokes_keys = false;
@@ -149,10 +165,11 @@ std::string JsonEscape(const std::string& s) {
 
 }  // namespace
 
-std::unique_ptr<struct fi_info, InfoDeleter> EngineHints() {
+std::unique_ptr<struct fi_info, InfoDeleter> EngineHints(const EngineOptions& options) {
   std::unique_ptr<struct fi_info, InfoDeleter> hints(fi_allocinfo());
   hints->ep_attr->type = FI_EP_RDM;
-  hints->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+  hints->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ;
+  if (options.remote_write) hints->caps |= FI_REMOTE_WRITE;
   // Every op carries a struct fi_context2 as its context, so both context modes are fine.
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->domain_attr->mr_mode =
@@ -186,12 +203,21 @@ ProviderProfile ProfileFromInfo(const struct fi_info* info) {
   return p;
 }
 
-Result<SelectedProvider> SelectProviderInfo(const Config& config) {
+uint64_t FabricAccess(uint32_t access) {
+  uint64_t flags = 0;
+  if (access & kLocalRead) flags |= FI_READ;
+  if (access & kLocalWrite) flags |= FI_WRITE;
+  if (access & kRemoteRead) flags |= FI_REMOTE_READ;
+  if (access & kRemoteWrite) flags |= FI_REMOTE_WRITE;
+  return flags;
+}
+
+Result<SelectedProvider> SelectProviderInfo(const Config& config, const EngineOptions& options) {
   const std::string want_provider = config.GetString("provider");
   const std::string want_domain = config.GetString("domain");
   RF_ASSIGN_OR_RETURN(bool require_rdma, config.GetBool("require_rdma"));
 
-  auto hints = EngineHints();
+  auto hints = EngineHints(options);
   if (!want_provider.empty()) hints->fabric_attr->prov_name = strdup(want_provider.c_str());
   if (!want_domain.empty()) hints->domain_attr->name = strdup(want_domain.c_str());
 
@@ -284,8 +310,8 @@ Result<SelectedProvider> SelectProviderInfo(const Config& config) {
   return out;
 }
 
-Result<ProviderReport> SelectProvider(const Config& config) {
-  RF_ASSIGN_OR_RETURN(SelectedProvider s, SelectProviderInfo(config));
+Result<ProviderReport> SelectProvider(const Config& config, const EngineOptions& options) {
+  RF_ASSIGN_OR_RETURN(SelectedProvider s, SelectProviderInfo(config, options));
   return std::move(s.report);
 }
 
@@ -303,6 +329,8 @@ std::string ProviderReport::ToString() const {
      << " mr_cache=" << (p.mr_cache ? "yes" : "no")
      << " deregistration_revokes_keys=" << (p.deregistration_revokes_keys ? "yes" : "NO") << " ("
      << p.key_lifetime << ")\n";
+  os << "  access: enforced=" << (p.enforces_access ? "yes" : "NO") << " (" << p.access_note
+     << ")\n";
   for (const auto& c : candidates) {
     os << "  candidate " << c.provider << "/" << c.domain << " rank " << c.rank
        << (c.rdma ? " rdma" : "") << ": " << c.verdict << "\n";
@@ -322,7 +350,9 @@ std::string ProviderReport::ToJson() const {
      << ",\"checks_remote_keys\":" << (p.checks_remote_keys ? "true" : "false")
      << ",\"mr_cache\":" << (p.mr_cache ? "true" : "false")
      << ",\"deregistration_revokes_keys\":" << (p.deregistration_revokes_keys ? "true" : "false")
-     << ",\"key_lifetime\":\"" << JsonEscape(p.key_lifetime) << "\",\"candidates\":[";
+     << ",\"key_lifetime\":\"" << JsonEscape(p.key_lifetime)
+     << "\",\"enforces_access\":" << (p.enforces_access ? "true" : "false")
+     << ",\"access_note\":\"" << JsonEscape(p.access_note) << "\",\"candidates\":[";
   for (size_t i = 0; i < candidates.size(); ++i) {
     const auto& c = candidates[i];
     os << (i ? "," : "") << "{\"provider\":\"" << JsonEscape(c.provider) << "\",\"domain\":\""

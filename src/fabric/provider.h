@@ -15,11 +15,15 @@ struct SelectedProvider {
   std::unique_ptr<struct fi_info, InfoDeleter> info;  // a copy of the chosen fi_info
 };
 
-Result<SelectedProvider> SelectProviderInfo(const Config& config);
+Result<SelectedProvider> SelectProviderInfo(const Config& config, const EngineOptions& options);
 
-// The hints every rayfabric endpoint asks for: RDM, RMA both ways, thread-safe domain, and every
-// mr_mode bit the engine knows how to honour.
-std::unique_ptr<struct fi_info, InfoDeleter> EngineHints();
+// The hints every rayfabric endpoint asks for: RDM, RMA read (and write as initiator), remote read
+// (remote write only when `options.remote_write`), thread-safe domain, and every mr_mode bit the
+// engine knows how to honour.
+std::unique_ptr<struct fi_info, InfoDeleter> EngineHints(const EngineOptions& options);
+
+// fi_mr_reg access flags for Access bits.
+uint64_t FabricAccess(uint32_t access);
 
 ProviderProfile ProfileFromInfo(const struct fi_info* info);
 

@@ -73,5 +73,32 @@ TEST(LeaseTable, RefusesBeyondTheLimit) {
   EXPECT_EQ(t.active(), 0u);
 }
 
+TEST(LeaseTable, BytesAreBoundedPerRequester) {
+  LeaseTable t(100, 1000);
+  ASSERT_TRUE(t.Grant({Id(1), 600, "10.0.0.1"}, milliseconds(1000)).ok());
+  auto over = t.Grant({Id(2), 500, "10.0.0.1"}, milliseconds(1000));
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(over.status().message().find("10.0.0.1 already holds 600 bytes"), std::string::npos)
+      << over.status();
+  // Another requester has its own budget; one object larger than the bound is refused alone.
+  auto other = t.Grant({Id(2), 500, "10.0.0.2"}, milliseconds(1000));
+  ASSERT_TRUE(other.ok());
+  // One object larger than the bound is granted to a requester that holds nothing (else it could
+  // never move), and then nothing more.
+  ASSERT_TRUE(t.Grant({Id(3), 1001, "10.0.0.3"}, milliseconds(1000)).ok());
+  EXPECT_EQ(t.Grant({Id(5), 1, "10.0.0.3"}, milliseconds(1000)).status().code(),
+            StatusCode::kResourceExhausted);
+  EXPECT_EQ(t.pinned_bytes_of("10.0.0.1"), 600u);
+  EXPECT_EQ(t.pinned_bytes_of("10.0.0.3"), 1001u);
+  // Released and expired leases give their bytes back.
+  ASSERT_TRUE(t.Release(other->id, other->token).ok());
+  EXPECT_EQ(t.pinned_bytes_of("10.0.0.2"), 0u);
+  EXPECT_EQ(t.TakeExpired(LeaseTable::Clock::now() + milliseconds(2000)).size(), 2u);
+  EXPECT_EQ(t.pinned_bytes_of("10.0.0.1"), 0u);
+  EXPECT_EQ(t.pinned_bytes_of("10.0.0.3"), 0u);
+  EXPECT_TRUE(t.Grant({Id(4), 1000, "10.0.0.1"}, milliseconds(1000)).ok());
+  EXPECT_EQ(t.pinned_bytes(), 1000u);
+}
+
 }  // namespace
 }  // namespace rayfabric::agent

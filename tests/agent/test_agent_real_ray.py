@@ -21,7 +21,7 @@ from ray.cluster_utils import Cluster
 import rayfabric
 from rayfabric import _agents
 from rayfabric import agent_pb2 as pb
-from rayfabric._client import AgentClient
+from rayfabric._client import AgentClient, error_name
 
 PROVIDERS = [p for p in os.environ.get("RAYFABRIC_TEST_PROVIDERS", "tcp;ofi_rxm,sockets").split(",") if p]
 MiB = 1 << 20
@@ -138,15 +138,27 @@ def agent_status(node_hex):
     return rayfabric.status()["agents"][node_hex]
 
 
-def client_of(cluster, name):
-    return AgentClient(cluster["records"][cluster["nodes"][name]]["address"])
+def client_of(cluster, name, local=False):
+    """A client of node `name`'s agent: over its network port, or (local=True) over its local
+    Unix socket, the only place Pull is served (the test's nodes share this host)."""
+    record = cluster["records"][cluster["nodes"][name]]
+    return AgentClient("unix:" + record["local_socket"] if local else record["address"])
 
 
-def pull_item(ref, source_agent):
-    """A PullItem for a ref held in this (driver) process, as rayfabric.get builds it."""
+def names(codes):
+    """Error codes as names ("" for none), for readable assertions."""
+    return [error_name(c) if c else "" for c in codes]
+
+
+def pull_item(ref, source_agent, object_size=None):
+    """A PullItem for a ref held in this (driver) process, as rayfabric.get builds it (the size
+    from Ray's own directory)."""
     from rayfabric.api import _owner
     owner = _owner(ray._private.worker.global_worker.core_worker, ref)
-    return pb.PullItem(object_id=ref.binary(), owner=owner, source_agent=source_agent)
+    if object_size is None:
+        object_size = ray.experimental.get_object_locations([ref])[ref]["object_size"]
+    return pb.PullItem(object_id=ref.binary(), owner=owner, source_agent=source_agent,
+                       object_size=object_size)
 
 
 def wait_for(condition, timeout=10):
@@ -266,7 +278,7 @@ def test_same_object_pulled_by_one_agent_concurrently(cluster):
     value = make_value("numpy", 128 * MiB, 66)
     ref = ray.put(value)  # on n0
     item = pull_item(ref, cluster["records"][cluster["nodes"]["n0"]]["address"])
-    c = client_of(cluster, "n1")
+    c = client_of(cluster, "n1", local=True)
     before = c.status()
     requests = [[item], [item], [item], [item, item]]
     with concurrent_pool(len(requests)) as pool:
@@ -320,7 +332,7 @@ def test_pull_behind_a_stuck_pull_of_the_same_object(cluster):
     hung.listen(16)
     source = f"127.0.0.1:{hung.getsockname()[1]}"
     item = pull_item(ref, source)
-    c = client_of(cluster, "n1")
+    c = client_of(cluster, "n1", local=True)
     try:
         before = c.status()
         with concurrent_pool(1) as pool:
@@ -329,7 +341,7 @@ def test_pull_behind_a_stuck_pull_of_the_same_object(cluster):
             aside = c.pull([item], 1).results[0]
             first = stuck.result().results[0]
         assert aside.outcome == pb.STOOD_ASIDE, aside
-        assert first.outcome == pb.FAILED and first.error_code == "Unavailable", first
+        assert first.outcome == pb.FAILED and error_name(first.error_code) == "Unavailable", first
         assert source in first.error and "is rayfabricd running" in first.error, first.error
         mid = c.status()
         assert mid.pulls_stood_aside - before.pulls_stood_aside == 1
@@ -341,10 +353,10 @@ def test_pull_behind_a_stuck_pull_of_the_same_object(cluster):
             retried = c.pull([item], 3).results[0]
             waited = time.monotonic() - t0
             first = stuck.result().results[0]
-        assert first.outcome == pb.FAILED and first.error_code == "Unavailable", first
+        assert first.outcome == pb.FAILED and error_name(first.error_code) == "Unavailable", first
         # Not stood aside: after the first failed, this one leased from the source itself, until
         # its own deadline.
-        assert retried.outcome == pb.FAILED and retried.error_code == "Unavailable", retried
+        assert retried.outcome == pb.FAILED and error_name(retried.error_code) == "Unavailable", retried
         assert waited >= 2.5, waited
         assert c.status().pulls_failed - mid.pulls_failed == 2
     finally:
@@ -361,7 +373,7 @@ def test_pull_of_an_object_already_here(cluster):
     ray.wait([ref], fetch_local=False)
     out = ray.get(on("n0", fetch).remote([ref], "prefetch"))
     assert out["pulled"] == 1 and out["local_before_get"] == [True], out
-    c = client_of(cluster, "n0")
+    c = client_of(cluster, "n0", local=True)
     before = c.status()
     source = cluster["records"][cluster["nodes"]["n1"]]["address"]
     dead = socket.socket()
@@ -385,13 +397,13 @@ def test_lease_request_mixing_good_bad_missing_and_repeated_ids(cluster):
     c = client_of(cluster, "n0")
     ids = [refs[0].binary(), b"\x01" * 28, refs[1].binary(), b"\xff" * 28, b"short", refs[0].binary()]
     leases = c.lease(ids).leases
-    codes = [g.error_code for g in leases]
+    codes = names(g.error_code for g in leases)
     assert codes == ["", "NotFound", "", "InvalidArgument", "InvalidArgument", ""], codes
     assert "nil object id" in leases[3].error and "28 bytes" in leases[4].error
     assert leases[0].lease_id != leases[5].lease_id and leases[0].offset == leases[5].offset
     granted = [(g.lease_id, g.token) for g in leases if not g.error_code]
     assert agent_status(cluster["nodes"]["n0"])["leases_active"] >= 3
-    assert c.release(granted).error_codes == ["", "", ""]
+    assert names(c.release(granted).error_codes) == ["", "", ""]
     del refs
     assert wait_idle() == {}
 
@@ -432,7 +444,7 @@ class _SourceThatStopsAnsweringReleases:
         self.gate.set()
         self.server.stop(grace=5).wait()
         # What the stopped agent could not release, released here: nothing stays pinned.
-        return list(self.target.release(self.granted).error_codes)
+        return names(self.target.release(self.granted).error_codes)
 
 
 def test_releases_to_a_source_that_does_not_answer(cluster):
@@ -444,7 +456,7 @@ def test_releases_to_a_source_that_does_not_answer(cluster):
     source = _SourceThatStopsAnsweringReleases(cluster["records"][n0]["address"])
     log = cluster["records"][n1]["log"]
     log_before = open(log, errors="replace").read()
-    c = client_of(cluster, "n1")
+    c = client_of(cluster, "n1", local=True)
 
     def pull(ref, via):
         result = c.pull([pull_item(ref, via)], 30).results[0]
@@ -480,35 +492,35 @@ def test_forged_and_expired_leases(cluster):
     ref = ray.put(make_value("bytes", 2 * MiB, 9))  # on n0
     c = client_of(cluster, "n0")
     granted = c.lease([ref.binary()], ttl_ms=60000).leases[0]
-    assert granted.error_code == "" and granted.data_size > 0
+    assert granted.error_code == pb.ERROR_CODE_NONE and granted.data_size > 0
     forged = c.release([(granted.lease_id, b"\x00" * 16)])
-    assert forged.error_codes == ["PermissionDenied"], forged
+    assert names(forged.error_codes) == ["PermissionDenied"], forged
     assert "token does not match" in forged.errors[0]
     guessed = c.release([(granted.lease_id + 1000, granted.token)])
-    assert guessed.error_codes == ["NotFound"]
-    assert c.release([(granted.lease_id, granted.token)]).error_codes == [""]
-    assert c.release([(granted.lease_id, granted.token)]).error_codes == ["NotFound"]
+    assert names(guessed.error_codes) == ["NotFound"]
+    assert names(c.release([(granted.lease_id, granted.token)]).error_codes) == [""]
+    assert names(c.release([(granted.lease_id, granted.token)]).error_codes) == ["NotFound"]
     # An unreleased lease expires and its object is unpinned.
     before = agent_status(cluster["nodes"]["n0"])
     short = c.lease([ref.binary()], ttl_ms=200).leases[0]
-    assert short.error_code == ""
+    assert short.error_code == pb.ERROR_CODE_NONE
     time.sleep(1.0)
     after = agent_status(cluster["nodes"]["n0"])
     assert after["leases_expired"] - before["leases_expired"] == 1
     assert after["pinned_bytes"] == 0 and after["leases_active"] == 0
     late = c.release([(short.lease_id, short.token)])
-    assert late.error_codes == ["NotFound"] and "expired" in late.errors[0]
+    assert names(late.error_codes) == ["NotFound"] and "expired" in late.errors[0]
     # An object the store does not have is refused with a reason, not pinned.
     missing = c.lease([b"\x01" * 28]).leases[0]
-    assert missing.error_code == "NotFound", missing
+    assert error_name(missing.error_code) == "NotFound", missing
     bad = c.lease([b"short"]).leases[0]
-    assert bad.error_code == "InvalidArgument" and "28 bytes" in bad.error
+    assert error_name(bad.error_code) == "InvalidArgument" and "28 bytes" in bad.error
     del ref
 
 
 def test_malformed_and_wrong_version_requests(cluster):
     import grpc
-    c = client_of(cluster, "n1")
+    c = client_of(cluster, "n1", local=True)
     before = c.status()
     with pytest.raises(grpc.RpcError) as garbage:
         c.raw_call("Pull", b"\xff\xfe\xfd garbage that is not a PullRequest")
@@ -518,13 +530,13 @@ def test_malformed_and_wrong_version_requests(cluster):
     assert version.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "protocol_version 7" in version.value.details()
     with pytest.raises(grpc.RpcError) as empty:
-        c._pull(pb.PullRequest(protocol_version=1), timeout=10)
+        c._pull(pb.PullRequest(protocol_version=pb.PROTOCOL_V2), timeout=10)
     assert empty.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    bad = c.pull([pb.PullItem(object_id=b"xx", source_agent="127.0.0.1:1")], 5)
-    assert bad.results[0].outcome == pb.FAILED and bad.results[0].error_code == "InvalidArgument"
-    unreachable = c.pull([pb.PullItem(object_id=b"\x02" * 28, source_agent="127.0.0.1:1")], 5)
+    bad = c.pull([pb.PullItem(object_id=b"xx", source_agent="127.0.0.1:1", object_size=1)], 5)
+    assert bad.results[0].outcome == pb.FAILED and error_name(bad.results[0].error_code) == "InvalidArgument"
+    unreachable = c.pull([pb.PullItem(object_id=b"\x02" * 28, source_agent="127.0.0.1:1", object_size=1)], 5)
     assert unreachable.results[0].outcome == pb.FAILED
-    assert unreachable.results[0].error_code == "Unavailable", unreachable.results[0]
+    assert error_name(unreachable.results[0].error_code) == "Unavailable", unreachable.results[0]
     after = c.status()
     assert after.requests_rejected - before.requests_rejected == 2
     # And it keeps serving real pulls.
@@ -568,7 +580,7 @@ def test_spilled_object_comes_by_rays_path(cluster):
         leases = n2.lease([r.binary() for r in refs], ttl_ms=60000).leases
         n2.release([(g.lease_id, g.token) for g in leases if not g.error_code])
         evicted = next((i for i, (r, g) in enumerate(zip(refs, leases))
-                        if locs[r].get("did_spill") and g.error_code == "NotFound"), None)
+                        if locs[r].get("did_spill") and error_name(g.error_code) == "NotFound"), None)
         time.sleep(0.2)
     assert evicted is not None, "Ray evicted none of the spilled objects from n2's store"
     assert ray.experimental.get_object_locations([refs[evicted]])[refs[evicted]]["node_ids"]

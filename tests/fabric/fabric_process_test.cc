@@ -3,6 +3,7 @@
 // RAYFABRIC_TEST_DOMAINS="a,b" puts this process on domain a and its peers on domain b (Soft-RoCE);
 // RAYFABRIC_TEST_MAX_BYTES caps the largest transfer (default 1 GiB).
 #include <dirent.h>
+#include <signal.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -45,6 +46,15 @@ uint64_t MaxBytes() {
   const char* m = std::getenv("RAYFABRIC_TEST_MAX_BYTES");
   return m ? std::strtoull(m, nullptr, 10) : (1ULL << 30);
 }
+
+// RAYFABRIC_TEST_TIME_SCALE stretches the timing tests' bounds (and shrinks their sizes) for slow
+// hosts: the Soft-RoCE guest runs under TCG.
+int TimeScale() {
+  const char* s = std::getenv("RAYFABRIC_TEST_TIME_SCALE");
+  return s ? std::max(1, std::atoi(s)) : 1;
+}
+
+std::string Ms(int ms) { return std::to_string(ms * TimeScale()); }
 
 std::string PeerEnv() {
   std::string d = Domain(1);
@@ -91,12 +101,25 @@ size_t RssKiB() {
 
 class FabricProcessTest : public ::testing::Test {
  protected:
-  std::unique_ptr<PeerProcess> StartPeer(uint64_t size, uint64_t seed) {
-    auto p = std::make_unique<PeerProcess>(g_self, size, seed, PeerEnv());
+  // read_only: the peer exposes its region as the agent exposes plasma memory.
+  std::unique_ptr<PeerProcess> StartPeer(uint64_t size, uint64_t seed, bool read_only = false) {
+    auto p = std::make_unique<PeerProcess>(g_self, size, seed, PeerEnv(), read_only);
     EXPECT_TRUE(p->ready()) << p->error();
     return p;
   }
 };
+
+// True when every byte of [p, p+n) is `value`; else reports the first that is not.
+::testing::AssertionResult AllBytesAre(const char* p, size_t n, unsigned char value) {
+  for (size_t i = 0; i < n; ++i) {
+    if (static_cast<unsigned char>(p[i]) != value) {
+      return ::testing::AssertionFailure()
+             << "byte " << i << " of " << n << " is " << int(static_cast<unsigned char>(p[i]))
+             << ", expected " << int(value);
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
 
 TEST_F(FabricProcessTest, ReportsTheProviderItUses) {
   Engine& e = SharedEngine();
@@ -324,6 +347,7 @@ TEST_F(FabricProcessTest, PeerKilledMidTransferFailsWithinBound) {
   // still running when the peer dies.
   Config c = TestConfig();
   ASSERT_TRUE(c.Set("op_timeout_ms", "4000").ok());
+  ASSERT_TRUE(c.Set("drain_timeout_ms", "1000").ok());
   ASSERT_TRUE(c.Set("chunk_size", "64K").ok());
   ASSERT_TRUE(c.Set("max_inflight", "1").ok());
   auto opened = Engine::Open(c);
@@ -348,7 +372,7 @@ TEST_F(FabricProcessTest, PeerKilledMidTransferFailsWithinBound) {
   Status s = t->Wait(std::chrono::milliseconds(20000));
   double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::cerr << "  in-flight read when the peer died: " << s << " after " << waited << " s\n";
-  EXPECT_LT(waited, 4.0 + 2.0);
+  EXPECT_LT(waited, 4.0 + 1.0 + 2.0);  // op timeout + drain bound (a reset) + slack
   if (!finished_before_kill) {
     EXPECT_FALSE(s.ok());
   }
@@ -358,11 +382,221 @@ TEST_F(FabricProcessTest, PeerKilledMidTransferFailsWithinBound) {
   waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::cerr << "  read from the dead peer: " << s << " after " << waited << " s\n";
   EXPECT_FALSE(s.ok());
-  EXPECT_LT(waited, 4.0 + 2.0);
+  EXPECT_LT(waited, 4.0 + 1.0 + 2.0);
   // The engine keeps serving the others.
   s = e.Read(*survivor_id, survivor->region(), 0, *mr, local.data(), 1 << 20);
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(FirstMismatch(local.data(), 1 << 20, 12), -1);
+}
+
+// The agent's exposure: a region registered for remote READ only, on an endpoint that never asked
+// for FI_REMOTE_WRITE. A peer holding its exact descriptor can read it but not write one byte.
+TEST_F(FabricProcessTest, ReadOnlyRegionRefusesWrites) {
+  Engine& e = SharedEngine();
+  // shm (libfabric 1.17) moves bytes with process_vm_readv/writev and checks neither keys nor
+  // access: only the OS (same uid / ptrace rights) protects the memory. The profile says so.
+  if (!e.profile().checks_remote_keys) GTEST_SKIP() << e.profile().key_lifetime;
+  auto peer = StartPeer(1 << 20, 21, /*read_only=*/true);
+  ASSERT_TRUE(peer->ready());
+  auto id = e.AddPeer(peer->address());
+  ASSERT_TRUE(id.ok());
+  Buffer local(1 << 20);
+  FillPattern(local.data(), local.size(), 99);
+  auto mr = e.Register(local.data(), local.size());
+  ASSERT_TRUE(mr.ok());
+  // Reading with the descriptor works ...
+  Status s = e.Read(*id, peer->region(), 0, *mr, local.data(), 1 << 20);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(FirstMismatch(local.data(), 1 << 20, 21), -1);
+  // ... writing with it does not. (tcp;ofi_rxm drops the connection after the refused write and
+  // the target does not take the same endpoint back: a second write fails as not connected.)
+  // Where the profile says access is NOT enforced (verbs with libfabric's MR cache), the write
+  // is expected to land: the profile must tell the truth either way, since the agent refuses to
+  // serve plasma memory on such a provider.
+  const fabric::ProviderProfile& p = e.profile();
+  std::cerr << "  profile: enforces_access=" << p.enforces_access << ": " << p.access_note << "\n";
+  FillPattern(local.data(), local.size(), 99);
+  for (uint64_t size : {uint64_t{64}, uint64_t{1} << 20}) {
+    s = e.Write(*id, peer->region(), 0, *mr, local.data(), size);
+    std::cerr << "  write of " << size << " B through a read-only descriptor: " << s << "\n";
+    const std::string check = peer->Command("CHECK 0 " + std::to_string(1 << 20) + " 21");
+    if (p.enforces_access) {
+      EXPECT_FALSE(s.ok()) << "a write through a read-only descriptor succeeded";
+      EXPECT_EQ(check, "OK") << "the peer's memory changed after a refused write";
+    } else {
+      EXPECT_TRUE(s.ok()) << "the profile says access is not enforced (" << p.access_note
+                          << ") but the write failed: the profile is wrong for " << p.provider;
+      EXPECT_NE(check, "OK") << "the write succeeded but the bytes did not change";
+      std::cerr << "  write through a read-only descriptor LANDED, as the profile predicts\n";
+      FillPattern(local.data(), local.size(), 21);  // undo, for the next size's check
+      ASSERT_TRUE(e.Write(*id, peer->region(), 0, *mr, local.data(), 1 << 20).ok());
+      FillPattern(local.data(), local.size(), 99);
+    }
+  }
+}
+
+// Keys are drawn at random where the application picks them: nothing reads a region without
+// having been handed its descriptor, neither small keys (what a counter from 1 would hand out)
+// nor keys near a real one.
+TEST_F(FabricProcessTest, GuessedKeysReadNothing) {
+  Engine& e = SharedEngine();
+  if (!e.profile().checks_remote_keys) GTEST_SKIP() << e.profile().key_lifetime;
+  auto peer = StartPeer(1 << 20, 22, /*read_only=*/true);
+  ASSERT_TRUE(peer->ready());
+  const fabric::RemoteRegion real = peer->region();
+  if (!e.profile().prov_key) {
+    EXPECT_GT(real.key, 0xffffffffULL) << "a 64-bit random key below 2^32 (p = 2^-32)";
+  }
+  auto id = e.AddPeer(peer->address());
+  ASSERT_TRUE(id.ok());
+  Buffer local(4096);
+  auto mr = e.Register(local.data(), local.size());
+  ASSERT_TRUE(mr.ok());
+  // The real descriptor works (so each refusal below is the key's doing) ...
+  ASSERT_TRUE(e.Read(*id, real, 0, *mr, local.data(), 4096).ok());
+  EXPECT_EQ(FirstMismatch(local.data(), 4096, 22), -1);
+  std::memset(local.data(), 0xA5, local.size());
+  // ... no guess does. (tcp;ofi_rxm drops the connection after each refusal and reconnects.)
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 24; ++k) keys.push_back(k);
+  for (uint64_t d = 1; d <= 4; ++d) keys.insert(keys.end(), {real.key + d, real.key - d});
+  int refused = 0;
+  for (uint64_t base : {uint64_t{0}, real.address}) {
+    for (uint64_t key : keys) {
+      if (key == real.key) continue;
+      fabric::RemoteRegion guess = real;
+      guess.address = base;
+      guess.key = key;
+      Status s = e.Read(*id, guess, 0, *mr, local.data(), 4096);
+      EXPECT_FALSE(s.ok()) << "a read with guessed key " << key << " at base " << base
+                           << " succeeded";
+      refused += s.ok() ? 0 : 1;
+    }
+  }
+  EXPECT_TRUE(AllBytesAre(local.data(), local.size(), 0xA5)) << "a guessed key read bytes";
+  std::cerr << "  " << refused << " guessed descriptors refused\n";
+  EXPECT_EQ(peer->Command("PING"), "PONG");
+}
+
+// A transfer whose source froze mid-flight (SIGSTOP) fails by the progress timeout, and when it
+// is reported nothing of it can land any more: the buffer is reused (filled with a sentinel), the
+// source resumes, and not one byte changes.
+TEST_F(FabricProcessTest, FrozenPeerNeverWritesAfterTheFailureIsReported) {
+  Config c = TestConfig();
+  ASSERT_TRUE(c.Set("op_timeout_ms", Ms(1500)).ok());
+  ASSERT_TRUE(c.Set("drain_timeout_ms", Ms(1000)).ok());
+  ASSERT_TRUE(c.Set("chunk_size", "1M").ok());
+  ASSERT_TRUE(c.Set("max_inflight", "8").ok());
+  auto opened = Engine::Open(c);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Engine& e = **opened;
+  const uint64_t kSize = std::min<uint64_t>(MaxBytes(), 512ULL << 20);
+  auto frozen = StartPeer(kSize, 31, /*read_only=*/true);
+  auto survivor = StartPeer(1 << 20, 32, /*read_only=*/true);
+  ASSERT_TRUE(frozen->ready() && survivor->ready());
+  auto frozen_id = e.AddPeer(frozen->address());
+  auto survivor_id = e.AddPeer(survivor->address());
+  ASSERT_TRUE(frozen_id.ok() && survivor_id.ok());
+  Buffer local(kSize);
+  auto mr = e.Register(local.data(), kSize);
+  ASSERT_TRUE(mr.ok());
+  fabric::Transfer t;
+  // Freeze the source while the read is in flight (retry with an earlier stop if it finished).
+  bool frozen_mid_flight = false;
+  for (int delay_ms : {20, 5, 0}) {
+    auto started = e.Start(RmaOp::kRead, *frozen_id, frozen->region(), *mr, {{local.data(), kSize, 0}});
+    ASSERT_TRUE(started.ok()) << started.status();
+    t = *started;
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    frozen->Signal(SIGSTOP);
+    if (!t.Done()) {
+      frozen_mid_flight = true;
+      break;
+    }
+    frozen->Signal(SIGCONT);
+  }
+  ASSERT_TRUE(frozen_mid_flight) << "every read finished before the source could be stopped";
+  auto start = std::chrono::steady_clock::now();
+  Status s = t.Wait(std::chrono::milliseconds(20000));
+  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cerr << "  read from a frozen source: " << s << " after " << waited << " s; resets "
+            << e.stats().endpoint_resets << ", undrained " << e.stats().transfers_undrained << "\n";
+  if (s.ok() && !e.profile().checks_remote_keys) {
+    // shm: the READER copies with process_vm_readv, so a stopped source cannot hold the read; it
+    // completes, byte-exact, and nothing is left to land later.
+    frozen->Signal(SIGCONT);
+    EXPECT_EQ(FirstMismatch(local.data(), kSize, 31), -1);
+    GTEST_SKIP() << e.profile().provider << ": the reader moves the bytes itself; no frozen read";
+  }
+  EXPECT_FALSE(s.ok());
+  EXPECT_LT(waited, (1.5 + 1.0) * TimeScale() + 3.0);
+  ASSERT_TRUE(t.Quiesced()) << "reported with operations outstanding: " << s;
+  // The store reuses the memory; then the source wakes up and answers what it was asked.
+  std::memset(local.data(), 0xEE, kSize);
+  frozen->Signal(SIGCONT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+  EXPECT_TRUE(AllBytesAre(local.data(), kSize, 0xEE)) << "bytes landed after the failure";
+  // Both peers are served again afterwards (a reset changes only this endpoint's connections).
+  s = e.Read(*survivor_id, survivor->region(), 0, *mr, local.data(), 1 << 20);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(FirstMismatch(local.data(), 1 << 20, 32), -1);
+  s = e.Read(*frozen_id, frozen->region(), 0, *mr, local.data(), 1 << 20);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(FirstMismatch(local.data(), 1 << 20, 31), -1);
+}
+
+// A caller whose own deadline passed cancels; Wait() returns only once nothing of the transfer
+// is outstanding, so the buffer may be reused at once.
+TEST_F(FabricProcessTest, CancelReturnsOnlyWhenDrained) {
+  Engine& e = SharedEngine();
+  const uint64_t kSize = std::min<uint64_t>(MaxBytes(), 256ULL << 20);
+  auto peer = StartPeer(kSize, 33, /*read_only=*/true);
+  ASSERT_TRUE(peer->ready());
+  auto id = e.AddPeer(peer->address());
+  ASSERT_TRUE(id.ok());
+  Buffer local(kSize);
+  auto mr = e.Register(local.data(), kSize);
+  ASSERT_TRUE(mr.ok());
+  auto t = e.Start(RmaOp::kRead, *id, peer->region(), *mr, {{local.data(), kSize, 0}});
+  ASSERT_TRUE(t.ok());
+  t->Cancel("the caller's deadline passed");
+  Status s = t->Wait(std::chrono::milliseconds(20000));
+  std::cerr << "  cancelled read: " << s << "\n";
+  EXPECT_TRUE(t->Quiesced());
+  if (!s.ok()) {
+    EXPECT_EQ(s.code(), StatusCode::kAborted) << s;
+    EXPECT_NE(s.message().find("deadline passed"), std::string::npos) << s;
+  }
+  std::memset(local.data(), 0xEE, kSize);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_TRUE(AllBytesAre(local.data(), kSize, 0xEE)) << "bytes landed after a cancelled transfer";
+}
+
+// op_timeout_ms bounds the time without progress, not the whole transfer: a transfer far longer
+// than it that keeps completing operations finishes.
+TEST_F(FabricProcessTest, SlowTransferThatProgressesDoesNotTimeOut) {
+  Config c = TestConfig();
+  ASSERT_TRUE(c.Set("op_timeout_ms", Ms(150)).ok());
+  ASSERT_TRUE(c.Set("chunk_size", "4K").ok());
+  ASSERT_TRUE(c.Set("max_inflight", "1").ok());
+  auto opened = Engine::Open(c);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Engine& e = **opened;
+  const uint64_t kSize = std::min<uint64_t>(MaxBytes(), (32ULL << 20) / TimeScale());
+  auto peer = StartPeer(kSize, 34, /*read_only=*/true);
+  ASSERT_TRUE(peer->ready());
+  auto id = e.AddPeer(peer->address());
+  ASSERT_TRUE(id.ok());
+  Buffer local(kSize);
+  auto mr = e.Register(local.data(), kSize);
+  ASSERT_TRUE(mr.ok());
+  auto start = std::chrono::steady_clock::now();
+  Status s = e.Read(*id, peer->region(), 0, *mr, local.data(), kSize);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cerr << "  " << kSize / 4096 << " reads of 4 KiB one at a time: " << secs
+            << " s with op_timeout_ms=" << Ms(150) << "\n";
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(FirstMismatch(local.data(), kSize, 34), -1);
 }
 
 TEST_F(FabricProcessTest, RegistrationCacheServesCoveredRanges) {
@@ -377,6 +611,19 @@ TEST_F(FabricProcessTest, RegistrationCacheServesCoveredRanges) {
   ASSERT_TRUE(outside.ok());
   EXPECT_EQ(whole->get(), outside->get());
   EXPECT_EQ(e.Register(nullptr, 10).status().code(), StatusCode::kInvalidArgument);
+  // Never a region with other access (it would widen the exposure), nor a private one.
+  auto readable = e.Register(b.data() + 4096, 1 << 20, fabric::kRemoteRead);
+  ASSERT_TRUE(readable.ok());
+  EXPECT_NE(readable->get(), whole->get());
+  auto own1 = e.Register(b.data() + 4096, 1 << 20, fabric::kRemoteRead, fabric::Sharing::kPrivate);
+  auto own2 = e.Register(b.data() + 4096, 1 << 20, fabric::kRemoteRead, fabric::Sharing::kPrivate);
+  ASSERT_TRUE(own1.ok() && own2.ok());
+  EXPECT_NE(own1->get(), own2->get());
+  EXPECT_NE(own1->get(), readable->get());
+  if (!e.profile().prov_key) EXPECT_NE((*own1)->Describe().key, (*own2)->Describe().key);
+  // Peers may not write an agent-like engine's memory: it refuses to register for it.
+  EXPECT_EQ(e.Register(b.data(), 4096, fabric::kRemoteWrite).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST_F(FabricProcessTest, RegisterDeregisterLoopLeavesMemoryAndFidsFlat) {

@@ -28,7 +28,7 @@ Buffer::Buffer(size_t length) : length_(length) {
 Buffer::~Buffer() { munmap(data_, length_); }
 
 PeerProcess::PeerProcess(const std::string& self, uint64_t size, uint64_t seed,
-                         const std::string& extra_env) {
+                         const std::string& extra_env, bool read_only) {
   int to_child[2], from_child[2];
   if (pipe(to_child) != 0 || pipe(from_child) != 0) {
     error_ = "pipe failed";
@@ -42,6 +42,7 @@ PeerProcess::PeerProcess(const std::string& self, uint64_t size, uint64_t seed,
   posix_spawn_file_actions_addclose(&fa, from_child[0]);
   std::vector<std::string> args = {
       self, "--peer", "--size", std::to_string(size), "--seed", std::to_string(seed)};
+  if (read_only) args.emplace_back("--read-only");
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) env.emplace_back(*e);
   std::istringstream extra(extra_env);
@@ -101,6 +102,10 @@ PeerProcess::~PeerProcess() {
   if (from_) std::fclose(from_);
 }
 
+void PeerProcess::Signal(int sig) {
+  if (pid_ > 0) kill(pid_, sig);
+}
+
 void PeerProcess::Kill() {
   if (pid_ > 0) {
     kill(pid_, SIGKILL);
@@ -124,19 +129,27 @@ std::string PeerProcess::Command(const std::string& line) {
 
 int PeerMain(int argc, char** argv) {
   uint64_t size = 1 << 20, seed = 1;
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::string(argv[i]) == "--size") size = std::stoull(argv[i + 1]);
-    if (std::string(argv[i]) == "--seed") seed = std::stoull(argv[i + 1]);
+  bool read_only = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--size" && i + 1 < argc) size = std::stoull(argv[i + 1]);
+    if (std::string(argv[i]) == "--seed" && i + 1 < argc) seed = std::stoull(argv[i + 1]);
+    if (std::string(argv[i]) == "--read-only") read_only = true;
   }
   Config config = Config::FromEnvironment();
-  auto engine = fabric::Engine::Open(config);
+  // --read-only: exposed as the agent exposes plasma memory (an endpoint without FI_REMOTE_WRITE,
+  // the region registered for remote read only); else a target peers may also write.
+  fabric::EngineOptions options;
+  options.remote_write = !read_only;
+  auto engine = fabric::Engine::Open(config, options);
   if (!engine.ok()) {
     std::cout << "ERROR " << engine.status().ToString() << std::endl;
     return 1;
   }
   auto buffer = std::make_unique<Buffer>(size);
   FillPattern(buffer->data(), size, seed);
-  auto region = (*engine)->Register(buffer->data(), size);
+  const uint32_t access =
+      read_only ? fabric::kRemoteRead : fabric::kRemoteRead | fabric::kRemoteWrite;
+  auto region = (*engine)->Register(buffer->data(), size, access);
   if (!region.ok()) {
     std::cout << "ERROR " << region.status().ToString() << std::endl;
     return 1;

@@ -37,8 +37,10 @@ class Buffer {
 class PeerProcess {
  public:
   // Starts `self --peer --size N --seed S`; extra_env is "NAME=value" pairs (e.g. a domain).
+  // read_only: the peer exposes its region as the agent exposes plasma memory (remote read only,
+  // an endpoint without FI_REMOTE_WRITE); else peers may write it too.
   PeerProcess(const std::string& self, uint64_t size, uint64_t seed,
-              const std::string& extra_env = "");
+              const std::string& extra_env = "", bool read_only = false);
   ~PeerProcess();
 
   bool ready() const { return ready_; }
@@ -50,6 +52,7 @@ class PeerProcess {
   // Sends one command line and returns the reply line ("" if the peer is gone).
   std::string Command(const std::string& line);
   void Kill();
+  void Signal(int sig);  // e.g. SIGSTOP / SIGCONT: a peer frozen mid-transfer
 
  private:
   pid_t pid_ = -1;

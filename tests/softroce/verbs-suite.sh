@@ -50,10 +50,13 @@ set -uo pipefail
 # (fabric_process_test defaults to 1 GiB transfers = 2 GiB of buffers: OOM-killed).
 # To add a check, add a line here.
 PROJECT_CHECKS=(
-  'fabric_process_test|330|tests/fabric/fabric_process_test|RAYFABRIC_PROVIDER="verbs;ofi_rxm" RAYFABRIC_TEST_DOMAINS=rxe0,rxe1 RAYFABRIC_TEST_MAX_BYTES=${RAYFABRIC_TEST_MAX_BYTES:-67108864} RAYFABRIC_CHUNK_SIZE=${RAYFABRIC_CHUNK_SIZE:-256K} RAYFABRIC_OP_TIMEOUT_MS=${RAYFABRIC_OP_TIMEOUT_MS:-120000} "$BIN" --gtest_filter="$VERBS_GTEST_FILTER"'
-  'stale_key_no_mr_cache|90|tests/fabric/fabric_process_test|out=$(FI_MR_CACHE_MAX_COUNT=0 RAYFABRIC_PROVIDER="verbs;ofi_rxm" RAYFABRIC_TEST_DOMAINS=rxe0,rxe1 "$BIN" --gtest_filter="*ReportsTheProviderItUses:*StaleKeyAfterDeregistrationFails" 2>&1); rc=$?; printf "%s\n" "$out"; [ "$rc" = 0 ] || exit "$rc"; grep -q "deregistration_revokes_keys=1 mr_cache=0" <<<"$out" || { echo "!!! FI_MR_CACHE_MAX_COUNT=0 but the profile does not say deregistration revokes keys"; exit 1; }'
+  'fabric_process_test|330|tests/fabric/fabric_process_test|RAYFABRIC_PROVIDER="verbs;ofi_rxm" RAYFABRIC_TEST_DOMAINS=rxe0,rxe1 RAYFABRIC_TEST_MAX_BYTES=${RAYFABRIC_TEST_MAX_BYTES:-67108864} RAYFABRIC_CHUNK_SIZE=${RAYFABRIC_CHUNK_SIZE:-256K} RAYFABRIC_OP_TIMEOUT_MS=${RAYFABRIC_OP_TIMEOUT_MS:-120000} RAYFABRIC_TEST_TIME_SCALE=${RAYFABRIC_TEST_TIME_SCALE:-8} "$BIN" --gtest_filter="$VERBS_GTEST_FILTER"'
+  'stale_key_no_mr_cache|90|tests/fabric/fabric_process_test|out=$(FI_MR_CACHE_MAX_COUNT=0 RAYFABRIC_PROVIDER="verbs;ofi_rxm" RAYFABRIC_TEST_DOMAINS=rxe0,rxe1 "$BIN" --gtest_filter="*ReportsTheProviderItUses:*StaleKeyAfterDeregistrationFails:*ReadOnlyRegionRefusesWrites" 2>&1); rc=$?; printf "%s\n" "$out"; [ "$rc" = 0 ] || exit "$rc"; grep -q "deregistration_revokes_keys=1 mr_cache=0" <<<"$out" || { echo "!!! FI_MR_CACHE_MAX_COUNT=0 but the profile does not say deregistration revokes keys"; exit 1; }; grep -q "enforces_access=1" <<<"$out" || { echo "!!! FI_MR_CACHE_MAX_COUNT=0 but the profile does not say access is enforced (a read-only region refuses writes)"; exit 1; }'
   'rayfabric-bench|150|bench/rayfabric-bench|RAYFABRIC_CHUNK_SIZE=${RAYFABRIC_CHUNK_SIZE:-256K} RAYFABRIC_BENCH_SERVER_DOMAIN=rxe1 "$BIN" --provider "verbs;ofi_rxm" --domain rxe0 --sizes 4K,1M,64M --verify --iters ${VERBS_BENCH_ITERS:-3}'
 )
+# stale_key_no_mr_cache also runs ReadOnlyRegionRefusesWrites without the cache: verbs must then
+# refuse a write through a read-only descriptor (with the cache on, libfabric 1.17 registers every
+# region writable and the main run checks that the profile says so).
 # fabric_process_test: with libfabric's MR cache on (the default), StaleKeyAfterDeregistrationFails
 # checks that the provider profile says so (mr_cache=1, deregistration_revokes_keys=0) and that
 # the stale read indeed still succeeds; stale_key_no_mr_cache runs it again with

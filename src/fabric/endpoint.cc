@@ -1,0 +1,226 @@
+// The endpoint side of the engine: fabric and domain, the endpoint set (endpoint, address vector,
+// completion queue), its reset, and the peers in the address vector.
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "fabric/engine_core.h"
+#include "fabric/fabric_error.h"
+#include "rayfabric/log.h"
+
+namespace rayfabric::fabric {
+
+std::string HumanBytes(uint64_t n) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  double v = static_cast<double>(n);
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+EngineCore::~EngineCore() {
+  if (wake_fd_ >= 0) close(wake_fd_);
+  // Reverse order of creation; memory regions are gone already (each holds a reference).
+  eps_.Close();
+  domain_.reset();
+  fabric_.reset();
+}
+
+Status EngineCore::Open(const Config& config, const EngineOptions& options) {
+  RF_ASSIGN_OR_RETURN(SelectedProvider selected, SelectProviderInfo(config, options));
+  report_ = std::move(selected.report);
+  profile_ = report_.chosen;
+  info_ = std::move(selected.info);
+  remote_write_ = options.remote_write;
+
+  RF_ASSIGN_OR_RETURN(uint64_t chunk, config.GetBytes("chunk_size"));
+  RF_ASSIGN_OR_RETURN(int64_t inflight, config.GetInt("max_inflight"));
+  RF_ASSIGN_OR_RETURN(int64_t timeout_ms, config.GetInt("op_timeout_ms"));
+  RF_ASSIGN_OR_RETURN(int64_t drain_ms, config.GetInt("drain_timeout_ms"));
+  if (chunk == 0) return InvalidArgument("chunk_size must be > 0");
+  if (inflight <= 0) return InvalidArgument("max_inflight must be > 0");
+  if (timeout_ms <= 0) return InvalidArgument("op_timeout_ms must be > 0");
+  if (drain_ms <= 0) return InvalidArgument("drain_timeout_ms must be > 0");
+  chunk_size_ = std::min<uint64_t>(chunk, profile_.max_msg_size ? profile_.max_msg_size : chunk);
+  max_inflight_ = static_cast<size_t>(inflight);
+  op_timeout_ = std::chrono::milliseconds(timeout_ms);
+  drain_timeout_ = std::chrono::milliseconds(drain_ms);
+  // Registrations bound to an endpoint would die with it: such providers are never reset.
+  can_reset_ = !profile_.endpoint_mr;
+
+  const std::string where = profile_.provider + "/" + profile_.domain;
+  int ret = fi_fabric(info_->fabric_attr, fabric_.out(), nullptr);
+  if (ret) return FabricStatus(ret, "fi_fabric(" + where + ")");
+  ret = fi_domain(fabric_.get(), info_.get(), domain_.out(), nullptr);
+  if (ret) return FabricStatus(ret, "fi_domain(" + where + ")");
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  return OpenEndpointLocked(eps_);
+}
+
+Status EngineCore::OpenEndpointLocked(EndpointSet& set) {
+  const std::string where = profile_.provider + "/" + profile_.domain;
+  struct fi_cq_attr cq_attr {};
+  cq_attr.format = FI_CQ_FORMAT_CONTEXT;
+  cq_attr.size = std::max<size_t>(info_->tx_attr->size, 1024);
+  // An fd wait object first: its blocking read honours the timeout on every provider tried
+  // (shm's default yield-based wait did not, and spun forever in fi_cq_sread).
+  int ret = 0;
+  for (enum fi_wait_obj wait : {FI_WAIT_FD, FI_WAIT_UNSPEC}) {
+    cq_attr.wait_obj = wait;
+    ret = fi_cq_open(domain_.get(), &cq_attr, set.cq.out(), nullptr);
+    if (ret == 0) break;
+  }
+  if (ret == 0 && fi_control(&set.cq.get()->fid, FI_GETWAIT, &set.cq_fd) != 0) set.cq_fd = -1;
+  if (ret) {
+    // No wait object: the progress thread polls (busy, never sleeps).
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    ret = fi_cq_open(domain_.get(), &cq_attr, set.cq.out(), nullptr);
+    if (ret) return FabricStatus(ret, "fi_cq_open(" + where + ")");
+  }
+
+  struct fi_av_attr av_attr {};
+  av_attr.type =
+      info_->domain_attr->av_type == FI_AV_UNSPEC ? FI_AV_TABLE : info_->domain_attr->av_type;
+  ret = fi_av_open(domain_.get(), &av_attr, set.av.out(), nullptr);
+  if (ret) return FabricStatus(ret, "fi_av_open(" + where + ")");
+
+  ret = fi_endpoint(domain_.get(), info_.get(), set.ep.out(), nullptr);
+  if (ret) return FabricStatus(ret, "fi_endpoint(" + where + ")");
+  ret = fi_ep_bind(set.ep.get(), &set.av.get()->fid, 0);
+  if (ret) return FabricStatus(ret, "fi_ep_bind(av)");
+  ret = fi_ep_bind(set.ep.get(), &set.cq.get()->fid, FI_TRANSMIT | FI_RECV);
+  if (ret) return FabricStatus(ret, "fi_ep_bind(cq)");
+  ret = fi_enable(set.ep.get());
+  if (ret) {
+    Status s = FabricStatus(ret, "fi_enable(" + where + ")");
+    if (profile_.rdma) {
+      // rxm sizes its verbs CQ as (rx+tx) x FI_UNIVERSE_SIZE, beyond small devices' max_cqe.
+      return Status(s.code(), s.message() +
+                                  ". On Soft-RoCE (rxe) or other devices with a small max_cqe, "
+                                  "set FI_UNIVERSE_SIZE=64 (or the number of peers you need)");
+    }
+    return s;
+  }
+  return Status::OK();
+}
+
+void EngineCore::ResetEndpointLocked(const std::string& why) {
+  // libfabric 1.17 has no per-peer way to stop an RMA operation once posted: fi_cancel covers
+  // receives only, fi_av_remove leaves rxm's connection up (unless the user set
+  // FI_AV_REMOVE_CLEANUP), and the sockets provider keeps its connections after removal.
+  // Closing the endpoint closes every connection (rxm closes each msg endpoint: the tcp socket,
+  // or the verbs QP), after which no posted operation can move a byte. The completion queue goes
+  // with it, so no stale completion can name a transfer that was already reported.
+  RF_LOG(kWarn, "resetting the fabric endpoint (" << why << "): "
+                                                  << active_.size()
+                                                  << " transfers in flight fail; peers reconnect");
+  const std::string old_address = AddressLocked();
+  eps_.Close();
+  ++endpoint_generation_;
+  ++resets_;
+  for (auto& t : active_) {
+    if (!t->failed) {
+      t->failed = true;
+      ++transfers_failed_;
+      t->failure = Aborted(t->what + ": the fabric endpoint was reset (" + why + ")");
+    }
+    t->inflight = 0;
+    t->Finish(t->failure, true);
+  }
+  active_.clear();
+  blocked_ = false;
+  for (Peer& p : peer_table_) p.broken = true;
+  mapped_raw_keys_.clear();
+  Status s = OpenEndpointLocked(eps_);
+  if (!s.ok()) {
+    // Nothing can be sent any more; every Start fails with this until the engine is reopened.
+    RF_LOG(kError, "reopening the fabric endpoint after a reset failed: " << s);
+  } else {
+    RF_LOG(kInfo, "fabric endpoint reopened; address changed: "
+                      << (AddressLocked() != old_address ? "yes" : "no"));
+  }
+  Wake();
+}
+
+void EngineCore::Stop() {
+  stop_ = true;
+  Wake();
+  if (progress_.joinable()) progress_.join();
+  std::vector<std::shared_ptr<TransferState>> left;
+  {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    left.swap(active_);
+  }
+  // The endpoint set closes with the core (after this): nothing posted moves afterwards.
+  for (auto& t : left) t->Finish(Aborted(t->what + ": the engine shut down"), false);
+}
+
+void EngineCore::Wake() {
+  uint64_t one = 1;
+  if (wake_fd_ >= 0 && write(wake_fd_, &one, sizeof(one)) < 0) RF_LOG(kDebug, "wake failed");
+}
+
+std::string EngineCore::Address() const {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  return AddressLocked();
+}
+
+std::string EngineCore::AddressLocked() const {
+  if (!eps_.ep) return "";
+  char buf[256];
+  size_t len = sizeof(buf);
+  if (fi_getname(&eps_.ep.get()->fid, buf, &len) != 0) return "";
+  return std::string(buf, len);
+}
+
+Result<PeerId> EngineCore::AddPeer(const std::string& address) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  auto it = peers_.find(address);
+  if (it != peers_.end()) return it->second;
+  if (!eps_.ep) return Unavailable("the fabric endpoint is not open (a reset failed to reopen it)");
+  size_t own = AddressLocked().size();
+  if (address.empty() || address.size() != own) {
+    return InvalidArgument("peer address of " + std::to_string(address.size()) +
+                           " bytes does not match this provider's (" + profile_.provider + ", " +
+                           std::to_string(own) + " bytes): does the peer use another provider?");
+  }
+  fi_addr_t fi_addr = FI_ADDR_UNSPEC;
+  int ret = fi_av_insert(eps_.av.get(), address.data(), 1, &fi_addr, 0, nullptr);
+  if (ret != 1) return FabricStatus(ret < 0 ? ret : -FI_EINVAL, "fi_av_insert of a peer address");
+  PeerId id = peer_table_.size();
+  peer_table_.push_back({address, fi_addr, false, endpoint_generation_});
+  peers_[address] = id;
+  return id;
+}
+
+Status EngineCore::ReconnectLocked(PeerId id) {
+  Peer& peer = peer_table_[id];
+  if (!eps_.ep) return Unavailable("the fabric endpoint is not open (a reset failed to reopen it)");
+  // Forget the old connection (if it is in this endpoint's address vector) and let the provider
+  // make a new one on the next operation.
+  if (peer.generation == endpoint_generation_) {
+    fi_addr_t old = peer.fi_addr;
+    int ret = fi_av_remove(eps_.av.get(), &old, 1, 0);
+    if (ret) RF_LOG(kDebug, "fi_av_remove: " << fi_strerror(-ret));
+  }
+  fi_addr_t fresh = FI_ADDR_UNSPEC;
+  int ret = fi_av_insert(eps_.av.get(), peer.address.data(), 1, &fresh, 0, nullptr);
+  if (ret != 1) return FabricStatus(ret < 0 ? ret : -FI_EINVAL, "fi_av_insert (reconnect)");
+  peer.fi_addr = fresh;
+  peer.broken = false;
+  peer.generation = endpoint_generation_;
+  return Status::OK();
+}
+
+}  // namespace rayfabric::fabric

@@ -1,0 +1,208 @@
+// Memory registration: access bits, keys nobody can guess, the registration cache, descriptors.
+#include <rdma/fi_domain.h>
+#include <rdma/fi_errno.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+
+#include <cstring>
+
+#include "fabric/engine_core.h"
+#include "fabric/fabric_error.h"
+#include "rayfabric/log.h"
+
+namespace rayfabric::fabric {
+namespace {
+
+std::string MemlockHint() {
+  struct rlimit rl {};
+  if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return "";
+  return "; the locked-memory limit (ulimit -l) is " + HumanBytes(rl.rlim_cur) +
+         ": raise it (ulimit -l unlimited, or LimitMEMLOCK=infinity for a systemd service)";
+}
+
+// A key drawn from the whole key space the provider offers (key_size bytes; 8 on tcp, sockets,
+// shm): a peer that was never handed a descriptor cannot guess one.
+Result<uint64_t> RandomKey(size_t key_size) {
+  uint64_t key = 0;
+  if (getrandom(&key, sizeof(key), 0) != static_cast<ssize_t>(sizeof(key))) {
+    return Internal(std::string("getrandom failed: ") + std::strerror(errno));
+  }
+  if (key_size > 0 && key_size < sizeof(key)) key &= (1ULL << (8 * key_size)) - 1;
+  return key;
+}
+
+std::string AccessName(uint32_t access) {
+  std::string s;
+  if (access & kLocalRead) s += "|local-read";
+  if (access & kLocalWrite) s += "|local-write";
+  if (access & kRemoteRead) s += "|remote-read";
+  if (access & kRemoteWrite) s += "|remote-write";
+  return s.empty() ? "none" : s.substr(1);
+}
+
+}  // namespace
+
+Status EngineCore::RegisterWithKey(MemoryRegion& region, uint64_t fi_access) {
+  // With FI_MR_PROV_KEY the provider picks the key (verbs: the HCA's rkey; efa likewise).
+  // Otherwise we do, at random; a collision with a key in use (FI_ENOKEY) draws again.
+  for (int attempt = 0;; ++attempt) {
+    uint64_t requested_key = 0;
+    if (!profile_.prov_key) {
+      RF_ASSIGN_OR_RETURN(requested_key, RandomKey(profile_.key_size));
+    }
+    int ret = fi_mr_reg(domain_.get(), region.base_, region.length_, fi_access, 0, requested_key,
+                        0, &region.mr_, nullptr);
+    if (ret == -FI_ENOKEY && !profile_.prov_key && attempt < 8) continue;
+    if (ret) {
+      region.mr_ = nullptr;
+      Status s = FabricStatus(ret, "fi_mr_reg of " + HumanBytes(region.length_) + " (" +
+                                       AccessName(region.access_) + ") on " + profile_.provider);
+      if (s.code() == StatusCode::kResourceExhausted) {
+        return ResourceExhausted(s.message() + MemlockHint());
+      }
+      return s;
+    }
+    return Status::OK();
+  }
+}
+
+Result<std::shared_ptr<MemoryRegion>> EngineCore::Register(void* base, size_t length,
+                                                           uint32_t access, Sharing sharing) {
+  if (base == nullptr || length == 0) return InvalidArgument("Register: empty region");
+  if (access == 0) return InvalidArgument("Register: no access asked for");
+  if ((access & kRemoteWrite) && !remote_write_) {
+    return InvalidArgument(
+        "Register: remote write asked for on an engine opened without "
+        "EngineOptions::remote_write (its endpoint does not accept writes from peers)");
+  }
+  const uintptr_t start = reinterpret_cast<uintptr_t>(base);
+  // Regions looked at during the cache scan; released only after the lock, since dropping the
+  // last reference deregisters (and edits regions_).
+  std::vector<std::shared_ptr<MemoryRegion>> seen;
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  if (sharing == Sharing::kShared) {
+    // Cache: a shared region with the same access that covers the whole range serves it. Never a
+    // region with more access (that would widen what the caller meant to expose), nor a private one.
+    for (auto it = regions_.upper_bound(start); it != regions_.begin();) {
+      --it;
+      if (auto region = it->second.weak.lock()) {
+        if (region->sharing_ == Sharing::kShared && region->access_ == access &&
+            region->Contains(base, length)) {
+          return region;
+        }
+        seen.push_back(std::move(region));
+      }
+    }
+  }
+  std::shared_ptr<MemoryRegion> region(new MemoryRegion());
+  region->base_ = base;
+  region->length_ = length;
+  region->access_ = access;
+  region->sharing_ = sharing;
+  RF_RETURN_IF_ERROR(RegisterWithKey(*region, FabricAccess(access)));
+  if (profile_.endpoint_mr) {
+    int ret = fi_mr_bind(region->mr_, &eps_.ep.get()->fid, 0);
+    if (!ret) ret = fi_mr_enable(region->mr_);
+    if (ret) {
+      fi_close(&region->mr_->fid);
+      region->mr_ = nullptr;
+      return FabricStatus(ret, "binding a memory region to the endpoint (FI_MR_ENDPOINT)");
+    }
+  }
+  region->key_ = fi_mr_key(region->mr_);
+  if (profile_.raw_key) {
+    uint64_t raw_base = 0;
+    size_t key_size = profile_.key_size ? profile_.key_size : 64;
+    std::string raw(key_size, '\0');
+    int ret = fi_mr_raw_attr(region->mr_, &raw_base, reinterpret_cast<uint8_t*>(raw.data()),
+                             &key_size, 0);
+    if (ret) {
+      fi_close(&region->mr_->fid);
+      region->mr_ = nullptr;
+      return FabricStatus(ret, "fi_mr_raw_attr");
+    }
+    raw.resize(key_size);
+    region->raw_key_ = raw;
+  }
+  region->core_ = shared_from_this();
+  regions_.emplace(start, CachedRegion{region.get(), region});
+  ++regions_registered_;
+  return region;
+}
+
+void EngineCore::Deregister(MemoryRegion* region) {
+  {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    auto range = regions_.equal_range(reinterpret_cast<uintptr_t>(region->base_));
+    for (auto it = range.first; it != range.second; ++it) {
+      if (it->second.raw == region) {
+        regions_.erase(it);
+        break;
+      }
+    }
+  }
+  if (region->mr_ != nullptr) fi_close(&region->mr_->fid);
+  --regions_registered_;
+}
+
+Result<uint64_t> EngineCore::RemoteKey(const RemoteRegion& remote) {
+  if (remote.raw_key.empty()) return remote.key;
+  // FI_MR_RAW: the reader maps the owner's raw key to a local one, once per key.
+  auto it = mapped_raw_keys_.find(remote.raw_key);
+  if (it != mapped_raw_keys_.end()) return it->second;
+  uint64_t key = 0;
+  std::string raw = remote.raw_key;
+  int ret = fi_mr_map_raw(domain_.get(), remote.address, reinterpret_cast<uint8_t*>(raw.data()),
+                          raw.size(), &key, 0);
+  if (ret) return FabricStatus(ret, "fi_mr_map_raw of a remote key");
+  mapped_raw_keys_[remote.raw_key] = key;
+  return key;
+}
+
+// ------------------------------------------------------------------------------ MemoryRegion
+
+MemoryRegion::~MemoryRegion() {
+  if (core_) core_->Deregister(this);
+}
+
+bool MemoryRegion::Contains(const void* p, size_t len) const {
+  auto a = reinterpret_cast<uintptr_t>(p);
+  auto b = reinterpret_cast<uintptr_t>(base_);
+  return a >= b && len <= length_ && a - b <= length_ - len;
+}
+
+RemoteRegion MemoryRegion::Describe() const {
+  RemoteRegion r;
+  r.address = core_->profile_.virt_addr ? reinterpret_cast<uint64_t>(base_) : 0;
+  r.length = length_;
+  r.key = key_;
+  r.raw_key = raw_key_;
+  return r;
+}
+
+void* MemoryRegion::local_desc() const { return mr_ ? fi_mr_desc(mr_) : nullptr; }
+
+// ------------------------------------------------------------------------------ RemoteRegion
+
+std::string RemoteRegion::Serialize() const {
+  std::string out(24, '\0');
+  std::memcpy(out.data(), &address, 8);
+  std::memcpy(out.data() + 8, &length, 8);
+  std::memcpy(out.data() + 16, &key, 8);
+  return out + raw_key;
+}
+
+Result<RemoteRegion> RemoteRegion::Parse(const std::string& bytes) {
+  if (bytes.size() < 24) {
+    return InvalidArgument("remote region descriptor of " + std::to_string(bytes.size()) +
+                           " bytes is too short (need at least 24)");
+  }
+  RemoteRegion r;
+  std::memcpy(&r.address, bytes.data(), 8);
+  std::memcpy(&r.length, bytes.data() + 8, 8);
+  std::memcpy(&r.key, bytes.data() + 16, 8);
+  r.raw_key = bytes.substr(24);
+  return r;
+}
+
+}  // namespace rayfabric::fabric

@@ -1,0 +1,390 @@
+"""Security of the agents, proven by attack against a REAL Ray cluster (2 nodes on this host, one
+rayfabricd each, tcp;ofi_rxm): the test plays the hostile peer and audits the bytes.
+
+RAYFABRIC_SECURITY_MODE picks the cluster (one per meson test, since Ray reads its credentials
+once per process):
+  none  - Ray without authentication: the attacks on the data path (a leased key used to write,
+          forged and guessed descriptors, a source lying about sizes, a source frozen mid-transfer,
+          a remote Pull);
+  token - RAY_AUTH_MODE=token: calls without the token or with a wrong one are refused;
+  tls   - RAY_USE_TLS with a CA, certificates and client certificates, as Ray's TLS doc sets it up.
+"""
+import concurrent.futures
+import hashlib
+import os
+import secrets
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+import rayfabric
+from rayfabric import _agents
+from rayfabric import agent_pb2 as pb
+from rayfabric._client import AgentClient, error_name, make_channel
+
+MODE = os.environ.get("RAYFABRIC_SECURITY_MODE", "none")
+MiB = 1 << 20
+PROVIDER = "tcp;ofi_rxm"
+# A frozen source is given up after 6 s without progress; its reads drained (or cut) within 1 s.
+AGENT_ENV = {"RAYFABRIC_OP_TIMEOUT_MS": "6000", "RAYFABRIC_DRAIN_TIMEOUT_MS": "1000",
+             "RAYFABRIC_CREATE_TIMEOUT_MS": "3000"}
+PROBE = os.path.join(rayfabric.bin_dir(), "tests", "agent", "fabric_probe")
+
+
+def _make_tls_files(directory):
+    """A CA, and a certificate it signs for this host's addresses (the node IP, 127.0.0.1 and
+    localhost), with openssl, as Ray's TLS documentation does."""
+    ip = ray.util.get_node_ip_address()
+    ca_key, ca_crt = os.path.join(directory, "ca.key"), os.path.join(directory, "ca.crt")
+    key, csr, crt = (os.path.join(directory, n) for n in ("tls.key", "tls.csr", "tls.crt"))
+    ext = os.path.join(directory, "ext.cnf")
+    with open(ext, "w") as f:
+        f.write(f"subjectAltName=DNS:localhost,IP:127.0.0.1,IP:{ip}\n")
+    run = lambda *a: subprocess.run(a, check=True, capture_output=True)  # noqa: E731
+    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=rayfabric-test-ca",
+        "-keyout", ca_key, "-out", ca_crt)
+    run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=ray-internal", "-keyout", key, "-out", csr)
+    run("openssl", "x509", "-req", "-in", csr, "-CA", ca_crt, "-CAkey", ca_key, "-CAcreateserial", "-days", "2",
+        "-extfile", ext, "-out", crt)
+    return {"RAY_USE_TLS": "1", "RAY_TLS_SERVER_CERT": crt, "RAY_TLS_SERVER_KEY": key, "RAY_TLS_CA_CERT": ca_crt}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    pkg = os.path.join(os.path.dirname(rayfabric.__file__), "..")
+    here = os.path.dirname(os.path.abspath(__file__))
+    os.environ["PYTHONPATH"] = os.pathsep.join([os.path.abspath(pkg), here, os.environ.get("PYTHONPATH", "")])
+    os.environ["RAYFABRIC_BIN_DIR"] = rayfabric.bin_dir()
+    os.environ.setdefault("RAY_health_check_failure_threshold", "20")
+    tmp = tempfile.mkdtemp(prefix="rayfabric-sec-")
+    # Set explicitly: `ray start --head` turns token mode on by itself when ~/.ray/auth_token exists.
+    os.environ["RAY_AUTH_MODE"] = "token" if MODE == "token" else "disabled"
+    token = None
+    if MODE == "token":
+        token = secrets.token_hex(32)
+        os.environ["RAY_AUTH_TOKEN"] = token
+    if MODE == "tls":
+        os.environ.update(_make_tls_files(tmp))
+    # This process imported Ray already: make it read its configuration again, as Ray's own
+    # `_enable_token_auth` does.
+    from ray._raylet import AuthenticationTokenLoader, Config
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "resources": {"n0": 100}, "object_store_memory": 1536 * MiB, "include_dashboard": False})
+    c.add_node(num_cpus=2, resources={"n1": 100}, object_store_memory=1536 * MiB)
+    ray.init(address=c.address, logging_level="ERROR")
+    c.wait_for_nodes()
+    records = rayfabric.init(provider=PROVIDER, env=AGENT_ENV, watch_new_nodes=False)
+    nodes = {}
+    for n in ray.nodes():
+        for name in ("n0", "n1"):
+            if n["Alive"] and name in n["Resources"]:
+                nodes[name] = n["NodeID"]
+    yield {"cluster": c, "nodes": nodes, "records": records, "token": token}
+    rayfabric.shutdown()
+    ray.shutdown()
+    c.shutdown()
+
+
+def on(node, fn):
+    return fn.options(resources={node: 0.01})
+
+
+def record(cluster, name):
+    return cluster["records"][cluster["nodes"][name]]
+
+
+def client(cluster, name, local=False):
+    r = record(cluster, name)
+    return AgentClient("unix:" + r["local_socket"] if local else r["address"])
+
+
+@ray.remote(num_cpus=0)
+def produce(nbytes, seed):
+    return np.random.default_rng(seed).integers(0, 256, size=nbytes, dtype=np.uint8)
+
+
+@ray.remote(num_cpus=0)
+def digest(refs):
+    return [hashlib.sha256(ray.get(r).tobytes()).hexdigest() for r in refs]
+
+
+@ray.remote(num_cpus=0)
+def fetch(refs, timeout=120):
+    import rayfabric as rf
+    before = rf.stats()
+    values = rf.get(refs, timeout=timeout)
+    after = rf.stats()
+    return {"digests": [hashlib.sha256(v.tobytes()).hexdigest() for v in values],
+            "pulled": after["objects_pulled"] - before["objects_pulled"],
+            "fallbacks": after["fallbacks"] - before["fallbacks"], "reasons": after["fallback_reasons"]}
+
+
+def expected_digest(nbytes, seed):
+    return hashlib.sha256(np.random.default_rng(seed).integers(0, 256, size=nbytes, dtype=np.uint8).tobytes()).hexdigest()
+
+
+def probe(*args):
+    env = dict(os.environ, RAYFABRIC_PROVIDER=PROVIDER)
+    out = subprocess.run([PROBE, *[str(a) for a in args]], capture_output=True, text=True, env=env, timeout=300)
+    return out.stdout.strip()
+
+
+def object_on(node, nbytes, seed):
+    ref = on(node, produce).remote(nbytes, seed)
+    ray.wait([ref], fetch_local=False, timeout=120)
+    return ref
+
+
+# ------------------------------------------------------------------------------------ every mode
+
+def test_agents_report_the_clusters_credentials(cluster):
+    for name in ("n0", "n1"):
+        info = client(cluster, name).info()
+        assert info.token_auth == (MODE == "token"), info
+        assert info.tls == (MODE == "tls"), info
+        assert info.exposure == "arena"
+        assert record(cluster, name)["token_auth"] == (MODE == "token")
+
+
+def test_get_works_end_to_end(cluster):
+    ref = object_on("n1", 32 * MiB, 1)
+    out = ray.get(on("n0", fetch).remote([ref]))
+    assert out["digests"] == [expected_digest(32 * MiB, 1)]
+    assert out["pulled"] == 1 and out["fallbacks"] == 0, out
+
+
+def test_remote_pull_is_refused(cluster):
+    """Pull creates and seals objects: only this node's processes may ask (its Unix socket)."""
+    ref = object_on("n1", 2 * MiB, 2)
+    size = ray.experimental.get_object_locations([ref])[ref]["object_size"]
+    owner = rayfabric.api._owner(ray._private.worker.global_worker.core_worker, ref)
+    item = pb.PullItem(object_id=ref.binary(), owner=owner, source_agent=record(cluster, "n1")["address"],
+                       object_size=size)
+    remote = client(cluster, "n0")
+    before = remote.status().pulls_refused_remote
+    with pytest.raises(grpc.RpcError) as refused:
+        remote.pull([item], 5)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "only to processes of this node" in refused.value.details()
+    assert remote.status().pulls_refused_remote - before == 1
+    assert not ray.get(on("n0", is_local).remote([ref]))[0], "a refused Pull created the object anyway"
+    # The local socket serves it.
+    reply = client(cluster, "n0", local=True).pull([item], 30)
+    assert reply.results[0].outcome == pb.PULLED, reply
+
+
+@ray.remote(num_cpus=0)
+def is_local(refs):
+    here = ray.get_runtime_context().get_node_id()
+    core = ray._private.worker.global_worker.core_worker
+    import rayfabric as rf
+    locs = rf.api._locations(core, refs)
+    return [here in locs[r]["node_ids"] for r in refs]
+
+
+# ------------------------------------------------------------------------------------ token mode
+
+@pytest.mark.skipif(MODE != "token", reason="RAYFABRIC_SECURITY_MODE=token only")
+def test_calls_without_the_token_are_refused(cluster):
+    address = record(cluster, "n0")["address"]
+    before = client(cluster, "n0").status().requests_unauthenticated
+    for metadata in (None, [("authorization", "Bearer " + "0" * 64)], [("authorization", cluster["token"])]):
+        bare = AgentClient(address, channel=make_channel(address, insecure=True))
+        for call in (lambda: bare._info(pb.InfoRequest(protocol_version=pb.PROTOCOL_V2), timeout=10, metadata=metadata),
+                     lambda: bare._lease(pb.LeaseRequest(protocol_version=pb.PROTOCOL_V2, object_ids=[b"\x01" * 28]),
+                                         timeout=10, metadata=metadata),
+                     lambda: bare._status(pb.StatusRequest(protocol_version=pb.PROTOCOL_V2), timeout=10,
+                                          metadata=metadata)):
+            with pytest.raises(grpc.RpcError) as refused:
+                call()
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, metadata
+        bare.close()
+    # The local socket wants it too.
+    local = "unix:" + record(cluster, "n0")["local_socket"]
+    bare = AgentClient(local, channel=make_channel(local, insecure=True))
+    with pytest.raises(grpc.RpcError) as refused:
+        bare.status()
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert client(cluster, "n0").status().requests_unauthenticated - before == 10
+    # With the cluster's token (what Ray's own channels send) every call is served.
+    ok = AgentClient(address, channel=make_channel(address, insecure=True))
+    good = [("authorization", "Bearer " + cluster["token"])]
+    assert ok._info(pb.InfoRequest(protocol_version=pb.PROTOCOL_V2), timeout=10, metadata=good).token_auth
+
+
+# -------------------------------------------------------------------------------------- tls mode
+
+@pytest.mark.skipif(MODE != "tls", reason="RAYFABRIC_SECURITY_MODE=tls only")
+def test_plaintext_and_certificateless_clients_are_refused(cluster):
+    address = record(cluster, "n0")["address"]
+    plain = AgentClient(address, channel=make_channel(address, insecure=True))
+    with pytest.raises(grpc.RpcError) as refused:
+        plain.info(timeout=5)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    # TLS that trusts the CA but shows no client certificate: the agent requires one, as Ray does.
+    with open(os.environ["RAY_TLS_CA_CERT"], "rb") as f:
+        ca = f.read()
+    anonymous = AgentClient(address, channel=grpc.secure_channel(address, grpc.ssl_channel_credentials(ca)))
+    with pytest.raises(grpc.RpcError) as refused:
+        anonymous.info(timeout=5)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert client(cluster, "n0").info().tls
+
+
+# ----------------------------------------------------------------- attacks on the data path (none)
+
+@pytest.mark.skipif(MODE != "none", reason="the data-path attacks run on the plain cluster")
+def test_a_leased_descriptor_cannot_write(cluster):
+    """A peer that got a lease (the exact descriptor) reads the object but cannot change a byte."""
+    ref = object_on("n1", 8 * MiB, 3)
+    n1 = client(cluster, "n1")
+    lease = n1.lease([ref.binary()], ttl_ms=60000)
+    granted = lease.leases[0]
+    assert granted.error_code == pb.ERROR_CODE_NONE, granted
+    address, region = lease.fabric_address.hex(), granted.region.hex()
+    size = granted.data_size + granted.metadata_size
+    read = probe("read", address, region, granted.offset, size)
+    assert read.startswith("OK "), read
+    wrote = probe("write", address, region, granted.offset, 4096)
+    assert wrote.startswith("FAIL "), f"a write through a leased descriptor succeeded: {wrote}"
+    assert probe("read", address, region, granted.offset, size) == read, "the object's bytes changed"
+    assert ray.get(on("n1", digest).remote([ref])) == [expected_digest(8 * MiB, 3)]
+    assert names(n1.release([(granted.lease_id, granted.token)]).error_codes) == [""]
+
+
+def names(codes):
+    return [error_name(c) if c else "" for c in codes]
+
+
+@pytest.mark.skipif(MODE != "none", reason="the data-path attacks run on the plain cluster")
+def test_forged_and_guessed_descriptors_read_nothing(cluster):
+    """Keys are random 64-bit numbers: small keys (what a counter hands out), keys next to a real
+    one, at base 0 or the real base, read nothing, leased or not."""
+    ref = object_on("n1", 4 * MiB, 4)
+    n1 = client(cluster, "n1")
+    lease = n1.lease([ref.binary()], ttl_ms=60000)
+    granted = lease.leases[0]
+    region = granted.region
+    key = int.from_bytes(region[16:24], "little")
+    assert key > 0xFFFFFFFF, f"key {key} looks counted, not random"
+    out = probe("guess", lease.fabric_address.hex(), region.hex(), granted.offset, 4096, 24)
+    assert "GUESSED" not in out and out.startswith("DONE "), out
+    n1.release([(granted.lease_id, granted.token)])
+    # After the release a stale copy of the descriptor still only reads this store's objects,
+    # never someone else's memory (arena exposure; see README, Security), and a forged one reads
+    # nothing.
+    forged = bytearray(region)
+    forged[16:24] = (1).to_bytes(8, "little")
+    assert probe("read", lease.fabric_address.hex(), bytes(forged).hex(), 0, 4096).startswith("FAIL ")
+
+
+class LyingSource:
+    """A gRPC front for a real agent that forwards every call but rewrites each lease's
+    metadata_size (a hostile or corrupt source describing an object of another size)."""
+
+    def __init__(self, target, extra_metadata=4096):
+        self.target = AgentClient(target)
+        self.extra = extra_metadata
+        self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(4))
+        self.server.add_generic_rpc_handlers((self,))
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def service(self, details):  # grpc.GenericRpcHandler
+        method = details.method.rsplit("/", 1)[1]
+
+        def forward(payload, context):
+            reply = self.target.raw_call(method, payload)
+            if method == "LeaseObjects":
+                msg = pb.LeaseReply.FromString(reply)
+                for lease in msg.leases:
+                    lease.metadata_size += self.extra
+                reply = msg.SerializeToString()
+            return reply
+        return grpc.unary_unary_rpc_method_handler(forward)
+
+    def close(self):
+        self.server.stop(grace=2).wait()
+
+
+@pytest.mark.skipif(MODE != "none", reason="the data-path attacks run on the plain cluster")
+def test_a_lease_whose_sizes_differ_from_rays_directory_is_refused(cluster):
+    ref = object_on("n1", 4 * MiB, 5)
+    size = ray.experimental.get_object_locations([ref])[ref]["object_size"]
+    liar = LyingSource(record(cluster, "n1")["address"])
+    local = client(cluster, "n0", local=True)
+    try:
+        before = local.status()
+        owner = rayfabric.api._owner(ray._private.worker.global_worker.core_worker, ref)
+        result = local.pull([pb.PullItem(object_id=ref.binary(), owner=owner, source_agent=liar.address,
+                                         object_size=size)], 30).results[0]
+        after = local.status()
+    finally:
+        liar.close()
+    assert result.outcome == pb.FAILED and error_name(result.error_code) == "OutOfRange", result
+    assert "Ray's directory says" in result.error
+    assert after.leases_size_mismatch - before.leases_size_mismatch == 1
+    assert after.objects_pulled == before.objects_pulled
+    assert not ray.get(on("n0", is_local).remote([ref]))[0], "a replica of the lying size was created"
+    # Ray's own path still delivers the right bytes, and nothing stays pinned at the source.
+    assert ray.get(on("n0", digest).remote([ref])) == [expected_digest(4 * MiB, 5)]
+    deadline = time.time() + 15
+    while client(cluster, "n1").status().leases_active and time.time() < deadline:
+        time.sleep(0.1)
+    assert client(cluster, "n1").status().leases_active == 0
+
+
+@pytest.mark.skipif(MODE != "none", reason="the data-path attacks run on the plain cluster")
+def test_a_source_frozen_mid_transfer_never_changes_a_byte(cluster):
+    """The source agent is stopped (SIGSTOP) while its object is read; the consumer's pull gives up
+    (no progress for 6 s), cuts the reads off before it frees the replica, and Ray's path
+    delivers. Then the consumer's store reuses the space for new objects, the source wakes up,
+    and every object in both stores is still byte-identical."""
+    src = record(cluster, "n1")
+    n1 = client(cluster, "n1")
+    n0 = client(cluster, "n0")
+    size = 512 * MiB
+    for attempt in range(4):
+        ref = object_on("n1", size, 60 + attempt)
+        resets_before = n0.status().endpoint_resets
+        pending = on("n0", fetch).remote([ref], 120)
+        deadline = time.time() + 60
+        while time.time() < deadline and n1.status().leases_active == 0:
+            time.sleep(0.002)
+        os.kill(src["pid"], signal.SIGSTOP)
+        try:
+            out = ray.get(pending, timeout=180)
+            frozen_mid_transfer = out["fallbacks"] == 1
+            if frozen_mid_transfer:
+                # Fill n0's store where the aborted replica was, before the source wakes up.
+                fillers = [on("n0", produce).remote(64 * MiB, 900 + i) for i in range(12)]
+                ray.wait(fillers, num_returns=len(fillers), fetch_local=False, timeout=120)
+                filler_digests = ray.get(on("n0", digest).remote(fillers))
+        finally:
+            os.kill(src["pid"], signal.SIGCONT)
+        assert out["digests"] == [expected_digest(size, 60 + attempt)], out
+        if frozen_mid_transfer:
+            break
+        del ref
+    else:
+        pytest.fail("the transfer finished before the source could be frozen, 4 times")
+    print(f"\nfrozen source: {out['reasons']}")
+    assert n0.status().endpoint_resets - resets_before >= 1, "the consumer never cut the frozen reads off"
+    time.sleep(3)  # the woken source answers the reads it was asked for
+    assert ray.get(on("n0", digest).remote(fillers)) == filler_digests, "bytes landed after the abort"
+    assert filler_digests == [expected_digest(64 * MiB, 900 + i) for i in range(12)]
+    assert ray.get(on("n1", digest).remote([ref])) == [expected_digest(size, 60 + attempt)]
+    # Both agents serve again.
+    again = object_on("n1", 16 * MiB, 70)
+    out = ray.get(on("n0", fetch).remote([again]))
+    assert out["pulled"] == 1 and out["digests"] == [expected_digest(16 * MiB, 70)], out
