@@ -100,7 +100,14 @@ class PlasmaClient {
   Status NotSealed(const ObjectId& id, int64_t timeout_ms) const;
 
   // Allocates an unsealed object to fill through `data`; then Seal (and Release) or Abort.
+  // While the store makes room, the client's lock is released between polls (other requests on
+  // this connection go through). A create given up at its timeout_ms (ResourceExhausted) stays
+  // queued in the store, since withdrawing it would mean closing the connection (and aborting
+  // every other object this client created); ReapAbandonedCreates aborts it once fulfilled, and a
+  // new Create of that id answers AlreadyExists until then.
   Result<ObjectBuffer> Create(const ObjectId& id, const CreateOptions& options);
+  Result<size_t> ReapAbandonedCreates();  // how many fulfilled abandoned creates were aborted
+  size_t abandoned_creates() const;
   Status Seal(const ObjectId& id);            // only an object this client created and did not seal
   Status Abort(const ObjectId& id);           // only an object this client created and did not seal
   Status Release(const ObjectId& id);         // a sealed object held through Get or Create+Seal
@@ -108,7 +115,10 @@ class PlasmaClient {
 
   int64_t memory_capacity() const { return memory_capacity_; }
   const std::string& socket_path() const { return socket_path_; }
-  bool healthy() const;  // false once the connection broke: make a new client
+  // False once the connection broke (every call then fails): make a new client, and destroy this
+  // one once nothing reads or writes its objects (destroying it closes the socket, which makes the
+  // store drop its pins and abort the objects it created).
+  bool healthy() const;
 
   // Segments mapped so far (register them with the fabric once). The callbacks run with the
   // client's lock held, from the call that maps/unmaps: they must not call back into it.

@@ -42,8 +42,8 @@ void SetError(v1::PullResult& r, const Status& s) {
   r.set_error(s.message());
 }
 
-// How long before its lease expires a read may still start, and the margin a reader asks for
-// beyond its own deadline.
+// The margin a reader asks for beyond its own deadline, and (at most) how close to its lease's end
+// a read may still start.
 constexpr auto kLeaseMargin = std::chrono::seconds(2);
 
 Status FromGrpc(const grpc::Status& s, const std::string& what) {
@@ -89,16 +89,17 @@ Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options) {
   }
   // Every numeric setting is checked here, once, with the name of the bad one.
   for (const char* name : {"max_leases", "lease_ttl_ms", "max_lease_ttl_ms", "create_timeout_ms",
-                           "op_timeout_ms", "drain_timeout_ms"}) {
+                           "op_timeout_ms", "drain_timeout_ms", "store_timeout_ms"}) {
     RF_ASSIGN_OR_RETURN(int64_t v, options.config.GetInt(name));
     if (v <= 0)
       return InvalidArgument(std::string(name) + " must be > 0, got " + std::to_string(v));
   }
   plasma::ConnectOptions connect;
   connect.ray_version = options.ray_version;
-  RF_ASSIGN_OR_RETURN(auto serve_store,
+  RF_ASSIGN_OR_RETURN(connect.request_timeout_ms, options.config.GetInt("store_timeout_ms"));
+  RF_ASSIGN_OR_RETURN(StorePtr serve_store,
                       plasma::PlasmaClient::Connect(options.plasma_socket, connect));
-  RF_ASSIGN_OR_RETURN(auto pull_store,
+  RF_ASSIGN_OR_RETURN(StorePtr pull_store,
                       plasma::PlasmaClient::Connect(options.plasma_socket, connect));
   // One host may pin at most this much of the store under leases.
   const std::string per_peer = options.config.GetString("max_lease_bytes_per_peer");
@@ -149,8 +150,7 @@ struct Agent::PendingRelease {
   v1::ReleaseReply reply;
 };
 
-Agent::Agent(AgentOptions options, std::unique_ptr<plasma::PlasmaClient> serve_store,
-             std::unique_ptr<plasma::PlasmaClient> pull_store,
+Agent::Agent(AgentOptions options, StorePtr serve_store, StorePtr pull_store,
              std::unique_ptr<fabric::Engine> engine, uint64_t max_lease_bytes_per_peer)
     : options_(std::move(options)),
       serve_store_(std::move(serve_store)),
@@ -201,7 +201,68 @@ Agent::~Agent() {
   }
   sweep_cv_.notify_all();
   sweeper_.join();
-  for (const LeasedObject& o : leases_.TakeAll()) (void)serve_store_->Release(o.object);
+  for (const LeasedObject& o : leases_.TakeAll()) Unpin(o);
+}
+
+Result<Agent::StorePtr> Agent::ConnectStore() {
+  plasma::ConnectOptions connect;
+  connect.ray_version = options_.ray_version;
+  connect.request_timeout_ms = options_.config.GetInt("store_timeout_ms").value();
+  RF_ASSIGN_OR_RETURN(StorePtr store,
+                      plasma::PlasmaClient::Connect(options_.plasma_socket, connect));
+  store->SetSegmentCallbacks(nullptr,
+                             [this](const plasma::SegmentInfo& s) { OnSegmentUnmapped(s); });
+  return store;
+}
+
+Agent::StorePtr Agent::ServeStore(uint64_t* generation) {
+  std::lock_guard<std::mutex> lock(stores_mu_);
+  if (!serve_store_->healthy()) {
+    auto fresh = ConnectStore();
+    if (fresh.ok()) {
+      // The pins of every lease died with the old connection (once it closes): revoke the leases,
+      // and drop its registrations first, so that no reader can use their keys on memory the
+      // store may hand out again.
+      StorePtr old = std::exchange(serve_store_, *fresh);
+      ++serve_generation_;
+      ++store_reconnects_;
+      const size_t revoked = leases_.TakeAll().size();
+      leases_revoked_ += revoked;
+      {
+        std::lock_guard<std::mutex> regions_lock(regions_mu_);
+        for (const plasma::SegmentInfo& segment : old->Segments()) regions_.erase(segment.base);
+      }
+      RF_LOG(kWarn, "serving store connection replaced after an error; " << revoked
+                                                                         << " leases revoked");
+    } else {
+      RF_LOG(kWarn, "reconnecting to the store failed: " << fresh.status());
+    }
+  }
+  if (generation != nullptr) *generation = serve_generation_;
+  return serve_store_;
+}
+
+Agent::StorePtr Agent::PullStore() {
+  std::lock_guard<std::mutex> lock(stores_mu_);
+  if (!pull_store_->healthy()) {
+    auto fresh = ConnectStore();
+    if (fresh.ok()) {
+      // In-flight pulls keep the old connection (and their replicas) until their reads drained.
+      pull_store_ = *fresh;
+      ++store_reconnects_;
+      RF_LOG(kWarn, "pulling store connection replaced after an error");
+    } else {
+      RF_LOG(kWarn, "reconnecting to the store failed: " << fresh.status());
+    }
+  }
+  return pull_store_;
+}
+
+void Agent::Unpin(const LeasedObject& object) {
+  uint64_t generation = 0;
+  StorePtr store = ServeStore(&generation);
+  // A lease of an older connection: its pin went with that connection.
+  if (object.store_generation == generation) (void)store->Release(object.object);
 }
 
 Result<std::shared_ptr<fabric::MemoryRegion>> Agent::RegionFor(uint8_t* base, size_t size) {
@@ -249,18 +310,19 @@ void Agent::RefuseLease(v1::Lease& lease, const Status& why) {
 }
 
 void Agent::GrantLease(v1::Lease& lease, const ObjectId& id, const plasma::ObjectBuffer& obj,
-                       std::chrono::milliseconds ttl, const std::string& requester) {
+                       std::chrono::milliseconds ttl, const std::string& requester,
+                       plasma::PlasmaClient& store, uint64_t generation) {
   // `obj` is pinned by our Get: every refusal below unpins it.
   const uint64_t bytes = obj.data_size + obj.metadata_size;
   auto region = RegionFor(obj.segment_base, obj.segment_size);
   if (!region.ok()) {
-    (void)serve_store_->Release(id);
+    (void)store.Release(id);
     return RefuseLease(
         lease, region.status().WithContext("registering the store memory of object " + id.Hex()));
   }
-  auto grant = leases_.Grant(LeasedObject{id, bytes, requester}, ttl);
+  auto grant = leases_.Grant(LeasedObject{id, bytes, requester, generation}, ttl);
   if (!grant.ok()) {
-    (void)serve_store_->Release(id);
+    (void)store.Release(id);
     return RefuseLease(lease, grant.status());
   }
   ++leases_granted_;
@@ -278,26 +340,28 @@ void Agent::LeaseBatch(v1::LeaseReply& reply, const std::vector<int>& indices,
                        const std::vector<ObjectId>& ids, std::chrono::milliseconds ttl,
                        const std::string& requester) {
   if (indices.empty()) return;
+  uint64_t generation = 0;
+  StorePtr store = ServeStore(&generation);
   // One store round trip for the whole batch. If the store refuses the batch (it validates
   // every id), each object is asked alone so that only the bad one is refused.
   std::optional<std::vector<plasma::ObjectBuffer>> pinned;
   if (indices.size() > 1) {
-    auto got = serve_store_->Get(ids, 0);
+    auto got = store->Get(ids, 0);
     if (got.ok()) pinned = std::move(*got);
   }
   for (size_t k = 0; k < indices.size(); ++k) {
     v1::Lease& lease = *reply.mutable_leases(indices[k]);
     if (pinned) {
       if ((*pinned)[k].found) {
-        GrantLease(lease, ids[k], (*pinned)[k], ttl, requester);
+        GrantLease(lease, ids[k], (*pinned)[k], ttl, requester, *store, generation);
       } else {
-        RefuseLease(lease, serve_store_->NotSealed(ids[k], 0));
+        RefuseLease(lease, store->NotSealed(ids[k], 0));
       }
       continue;
     }
-    auto one = serve_store_->GetOne(ids[k], 0);
+    auto one = store->GetOne(ids[k], 0);
     if (one.ok()) {
-      GrantLease(lease, ids[k], *one, ttl, requester);
+      GrantLease(lease, ids[k], *one, ttl, requester, *store, generation);
     } else {
       RefuseLease(lease, one.status());
     }
@@ -343,8 +407,11 @@ v1::ReleaseReply Agent::Release(const v1::ReleaseRequest& request) {
   v1::ReleaseReply reply;
   for (const v1::LeaseRef& ref : request.leases()) {
     auto released = leases_.Release(ref.lease_id(), ref.token());
-    Status s = released.ok() ? serve_store_->Release(released->object) : released.status();
-    if (released.ok()) ++leases_released_;
+    Status s = released.status();
+    if (released.ok()) {
+      Unpin(*released);
+      ++leases_released_;
+    }
     reply.add_error_codes(ToErrorCode(s.code()));
     reply.add_errors(s.ok() ? "" : s.message());
   }
@@ -358,32 +425,44 @@ void Agent::SweepLoop() {
     for (const LeasedObject& o : leases_.TakeExpired()) {
       ++leases_expired_;
       RF_LOG(kWarn, "lease on object " << o.object.Hex() << " expired unreleased: unpinned");
-      (void)serve_store_->Release(o.object);
+      Unpin(o);
     }
     SweepQuarantine();
+    ReapAbandonedCreates();
+  }
+}
+
+void Agent::ReapAbandonedCreates() {
+  StorePtr store = PullStore();
+  if (store->abandoned_creates() == 0) return;
+  auto aborted = store->ReapAbandonedCreates();
+  if (aborted.ok() && *aborted > 0) {
+    abandoned_creates_aborted_ += *aborted;
+    RF_LOG(kInfo, *aborted << " replica(s) whose create was given up while the store was full "
+                           "were created since, and aborted");
   }
 }
 
 void Agent::SweepQuarantine() {
-  std::vector<ObjectId> drained;
+  std::vector<Quarantined> drained;
   {
     std::lock_guard<std::mutex> lock(quarantine_mu_);
     for (auto it = quarantine_.begin(); it != quarantine_.end();) {
       if (it->transfer.Quiesced()) {
-        drained.push_back(it->id);
+        drained.push_back(std::move(*it));
         it = quarantine_.erase(it);
       } else {
         ++it;
       }
     }
   }
-  for (const ObjectId& id : drained) {
-    RF_LOG(kInfo, "replica of object " << id.Hex() << ": its failed read has drained; aborted");
-    (void)pull_store_->Abort(id);
+  for (const Quarantined& q : drained) {
+    RF_LOG(kInfo, "replica of object " << q.id.Hex() << ": its failed read has drained; aborted");
+    (void)q.store->Abort(q.id);
   }
 }
 
-void Agent::EndFailedReplica(PullJob& job) {
+void Agent::EndFailedReplica(PullJob& job, const StorePtr& store) {
   // Nothing of a failed read may land in memory the store reuses: the engine reports a failed
   // transfer only once its operations are drained (or its endpoint was reset). Where it could do
   // neither, the replica stays created and unsealed, which keeps the store from reusing it.
@@ -392,14 +471,14 @@ void Agent::EndFailedReplica(PullJob& job) {
     (void)job.transfer.Wait(std::chrono::milliseconds(drain_timeout_ms_ + 5000));
   }
   if (job.transfer.Quiesced()) {
-    (void)pull_store_->Abort(job.id);
+    (void)store->Abort(job.id);
   } else {
     ++replicas_quarantined_;
     RF_LOG(kWarn, "replica of object " << job.id.Hex()
                                        << " kept unsealed: its failed read still has operations "
                                           "outstanding (aborted once they drain)");
     std::lock_guard<std::mutex> lock(quarantine_mu_);
-    quarantine_.push_back({job.id, job.transfer});
+    quarantine_.push_back({job.id, job.transfer, store});
   }
   job.created = false;
 }
@@ -451,8 +530,8 @@ v1::PullReply Agent::Pull(const v1::PullRequest& request, Clock::time_point call
   return reply;
 }
 
-bool Agent::AnsweredLocal(PullJob& job) {
-  auto local = pull_store_->Contains(job.id);
+bool Agent::AnsweredLocal(PullJob& job, plasma::PlasmaClient& store) {
+  auto local = store.Contains(job.id);
   if (!local.ok() || !*local) return false;
   job.result->set_outcome(v1::ALREADY_LOCAL);
   ++pulls_already_local_;
@@ -475,17 +554,21 @@ void Agent::PullOnce(std::vector<PullJob*> pending, Clock::time_point deadline) 
     }
     pending.clear();
     // Sources are pulled concurrently (fan-in): each has its own lease and reads; the store
-    // connection and the engine serialize what must be.
-    std::vector<std::thread> others;
+    // connection and the engine serialize what must be. The others run on the agent's bounded
+    // pool, the first on this thread.
+    WorkerPool::Group others;
     for (auto it = by_source.begin(); it != by_source.end(); ++it) {
       if (it == by_source.begin()) continue;
-      others.emplace_back(
-          [this, it, deadline] { PullFromSource(it->first, it->second, deadline); });
+      others.Add();
+      source_pool_.Submit([this, it, deadline, &others] {
+        PullFromSource(it->first, it->second, deadline);
+        others.Done();
+      });
     }
     if (!by_source.empty()) {
       PullFromSource(by_source.begin()->first, by_source.begin()->second, deadline);
     }
-    for (std::thread& t : others) t.join();
+    others.Wait();
     {
       std::lock_guard<std::mutex> lock(in_flight_mu_);
       for (auto& [source, group] : by_source) {
@@ -514,7 +597,7 @@ void Agent::PullOnce(std::vector<PullJob*> pending, Clock::time_point deadline) 
         ++pulls_stood_aside_;
         continue;
       }
-      if (AnsweredLocal(*job)) continue;
+      if (AnsweredLocal(*job, *PullStore())) continue;
       if (Clock::now() < deadline) {
         pending.push_back(job);  // the other pull failed: try ourselves
       } else {
@@ -528,6 +611,9 @@ void Agent::PullOnce(std::vector<PullJob*> pending, Clock::time_point deadline) 
 
 void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
                            Clock::time_point deadline) {
+  // This connection creates, seals or aborts every replica of this source's objects, and stays
+  // open while any of their reads may land (see StorePtr).
+  const StorePtr store = PullStore();
   auto stub = peers_.Get(source);
   // 1. Lease every object from the source agent in one request, for as long as this pull may
   //    take (the source clamps it to its max_lease_ttl_ms; the reply says what it granted).
@@ -556,7 +642,7 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
   }
   if (!leased_status.ok()) {
     for (PullJob* job : jobs) {
-      if (!AnsweredLocal(*job)) SetError(*job->result, leased_status);
+      if (!AnsweredLocal(*job, *store)) SetError(*job->result, leased_status);
     }
     return;
   }
@@ -574,7 +660,7 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
     PullJob& job = *jobs[i];
     job.lease = lease_reply.leases(static_cast<int>(i));
     if (job.lease.error_code() != v1::ERROR_CODE_NONE) {
-      if (AnsweredLocal(job)) continue;
+      if (AnsweredLocal(job, *store)) continue;
       // The source's reason, as its code (NotFound: not there; ResourceExhausted: its bounds).
       const int code = job.lease.error_code();
       const StatusCode why = code > 0 && code <= static_cast<int>(StatusCode::kInternal)
@@ -613,8 +699,11 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
     for (; next < jobs.size() && wave.size() < kWaveObjects && wave_bytes < kWaveBytes; ++next) {
       PullJob& job = *jobs[next];
       if (!job.leased || job.result->outcome() == v1::FAILED) continue;
-      if (Clock::now() + kLeaseMargin > job.lease_expires) {
-        // Never read under a lease that may end during the read.
+      // A read is not started close to its lease's end (the seal would be refused anyway if it
+      // finished after it): within 2 s, or a quarter of a shorter lease.
+      const auto margin = std::min<Clock::duration>(
+          kLeaseMargin, std::chrono::milliseconds(job.lease.expires_in_ms()) / 4);
+      if (Clock::now() + margin > job.lease_expires) {
         ++pulls_lease_expired_;
         SetError(*job.result, TimedOut("the lease on object " + job.id.Hex() + " from " +
                                        source + " is about to expire: not read"));
@@ -633,11 +722,11 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
                                                        deadline - Clock::now())
                                                        .count()));
       job.started = Clock::now();
-      auto replica = pull_store_->Create(job.id, create);
+      auto replica = store->Create(job.id, create);
       if (!replica.ok()) {
         if (replica.status().code() == StatusCode::kAlreadyExists) {
           // Sealed here already, or Ray (or another pull) is creating it: leave it to them.
-          if (!AnsweredLocal(job)) {
+          if (!AnsweredLocal(job, *store)) {
             job.result->set_outcome(v1::STOOD_ASIDE);
             ++pulls_stood_aside_;
           }
@@ -679,7 +768,7 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
         // Nothing was posted: the replica can go at once.
         SetError(*job.result,
                  s.WithContext("fi_read of object " + job.id.Hex() + " from " + source));
-        (void)pull_store_->Abort(job.id);
+        (void)store->Abort(job.id);
         job.created = false;
         continue;
       }
@@ -696,9 +785,9 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
         s = TimedOut("the read of object " + job->id.Hex() + " from " + source +
                      " finished after its lease expired: not sealed");
       }
-      if (s.ok()) s = pull_store_->Seal(job->id);
+      if (s.ok()) s = store->Seal(job->id);
       if (s.ok()) {
-        (void)pull_store_->Release(job->id);
+        (void)store->Release(job->id);
         const uint64_t bytes = job->lease.data_size() + job->lease.metadata_size();
         job->result->set_outcome(v1::PULLED);
         job->result->set_bytes(bytes);
@@ -712,7 +801,7 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
         // memory the store hands out again.
         SetError(*job->result,
                  s.WithContext("fi_read of object " + job->id.Hex() + " from " + source));
-        EndFailedReplica(*job);
+        EndFailedReplica(*job, store);
       }
     }
   }
@@ -788,6 +877,9 @@ v1::StatusReply Agent::GetStatus() const {
   s.set_pulls_lease_expired(pulls_lease_expired_);
   s.set_replicas_quarantined(replicas_quarantined_);
   s.set_endpoint_resets(stats.endpoint_resets);
+  s.set_store_reconnects(store_reconnects_);
+  s.set_leases_revoked(leases_revoked_);
+  s.set_abandoned_creates_aborted(abandoned_creates_aborted_);
   return s;
 }
 

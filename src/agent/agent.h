@@ -24,6 +24,7 @@
 #include "rayfabric/fabric.h"
 #include "rayfabric/plasma_client.h"
 #include "rayfabric/status.h"
+#include "rayfabric/worker_pool.h"
 
 namespace rayfabric::agent {
 
@@ -68,10 +69,20 @@ class Agent {
     std::shared_ptr<fabric::MemoryRegion> region;
   };
   struct PullJob;
+  // A store connection. Whoever uses one keeps it alive for as long as anything of theirs is in
+  // flight on it: a broken connection is replaced at once, but closed (and the store aborts its
+  // unsealed replicas) only when the last user is done, never while a read may still land.
+  using StorePtr = std::shared_ptr<plasma::PlasmaClient>;
 
-  Agent(AgentOptions options, std::unique_ptr<plasma::PlasmaClient> serve_store,
-        std::unique_ptr<plasma::PlasmaClient> pull_store, std::unique_ptr<fabric::Engine> engine,
-        uint64_t max_lease_bytes_per_peer);
+  Agent(AgentOptions options, StorePtr serve_store, StorePtr pull_store,
+        std::unique_ptr<fabric::Engine> engine, uint64_t max_lease_bytes_per_peer);
+
+  // The current connection for serving (leases) / pulling (replicas); a broken one is replaced
+  // first (ReconnectLocked). The serve store's generation numbers its connections: leases pinned
+  // on an older one died with it.
+  StorePtr ServeStore(uint64_t* generation = nullptr);
+  StorePtr PullStore();
+  Result<StorePtr> ConnectStore();
 
   // The registered region covering a mapped store segment (registered once, dropped on unmap).
   Result<std::shared_ptr<fabric::MemoryRegion>> RegionFor(uint8_t* segment_base,
@@ -81,21 +92,25 @@ class Agent {
                   const std::vector<ObjectId>& ids, std::chrono::milliseconds ttl,
                   const std::string& requester);
   void GrantLease(v1::Lease& lease, const ObjectId& id, const plasma::ObjectBuffer& obj,
-                  std::chrono::milliseconds ttl, const std::string& requester);
+                  std::chrono::milliseconds ttl, const std::string& requester,
+                  plasma::PlasmaClient& store, uint64_t generation);
+  // Unpins a leased object, on the connection it was pinned on if that one still lives.
+  void Unpin(const LeasedObject& object);
   void RefuseLease(v1::Lease& lease, const Status& why);
   void PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
                       std::chrono::steady_clock::time_point deadline);
   // Ends a replica whose read did not succeed: aborted once nothing of the read can land any
   // more; if the engine could not drain it, kept unsealed (out of the store's reuse) until it
   // has, then aborted by the sweeper.
-  void EndFailedReplica(PullJob& job);
+  void EndFailedReplica(PullJob& job, const StorePtr& store);
   void SweepQuarantine();
+  void ReapAbandonedCreates();
   // Pulls `pending`, each object once: one already being pulled by a concurrent Pull is waited
   // for (the replica can be created only once), then found local, or pulled here if that failed.
   void PullOnce(std::vector<PullJob*> pending, std::chrono::steady_clock::time_point deadline);
   // ALREADY_LOCAL when the object is sealed in this node's store (asked only when a pull cannot
   // go on: a lease refused or a Create that found the object).
-  bool AnsweredLocal(PullJob& job);
+  bool AnsweredLocal(PullJob& job, plasma::PlasmaClient& store);
   void SweepLoop();
   // Leases are released after the Pull has answered (off its critical path), each request on its
   // own asynchronous RPC, so that a source that stopped answering delays no other source's
@@ -105,8 +120,10 @@ class Agent {
   struct PendingRelease;
 
   AgentOptions options_;
-  std::unique_ptr<plasma::PlasmaClient> serve_store_;
-  std::unique_ptr<plasma::PlasmaClient> pull_store_;
+  std::mutex stores_mu_;
+  StorePtr serve_store_;
+  StorePtr pull_store_;
+  uint64_t serve_generation_ = 1;
   std::unique_ptr<fabric::Engine> engine_;
   LeaseTable leases_;
   PeerClients peers_;
@@ -119,6 +136,7 @@ class Agent {
   struct Quarantined {
     ObjectId id;
     fabric::Transfer transfer;
+    StorePtr store;  // the connection that created the replica (kept open until it drains)
   };
   std::mutex quarantine_mu_;
   std::vector<Quarantined> quarantine_;
@@ -134,7 +152,8 @@ class Agent {
       pulls_stood_aside_{0}, pulls_already_local_{0}, leases_granted_{0}, leases_released_{0},
       leases_expired_{0}, leases_refused_{0}, bytes_leased_{0}, requests_rejected_{0},
       requests_unauthenticated_{0}, pulls_refused_remote_{0}, leases_size_mismatch_{0},
-      pulls_lease_expired_{0}, replicas_quarantined_{0};
+      pulls_lease_expired_{0}, replicas_quarantined_{0}, store_reconnects_{0},
+      leases_revoked_{0}, abandoned_creates_aborted_{0};
   std::atomic<bool> populate_warned_{false};
 
   std::mutex sweep_mu_;
@@ -147,6 +166,8 @@ class Agent {
   bool stopping_releases_ = false;
   uint64_t next_release_ = 0;
   std::map<uint64_t, std::unique_ptr<PendingRelease>> releases_in_flight_;
+  // Per-source work of Pulls with several sources (the first source runs on the Pull's thread).
+  WorkerPool source_pool_{8};
   // Answered; freed by the next QueueRelease or at exit, never inside gRPC's callback.
   std::vector<std::unique_ptr<PendingRelease>> releases_answered_;
 };

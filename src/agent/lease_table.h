@@ -26,6 +26,7 @@ struct LeasedObject {
   ObjectId object;
   uint64_t bytes = 0;     // data + metadata, for the pinned-bytes counters
   std::string requester;  // who holds it (the peer's host), for the per-requester byte bound
+  uint64_t store_generation = 0;  // the store connection it is pinned on (the agent's numbering)
 };
 
 class LeaseTable {

@@ -47,6 +47,9 @@ const std::vector<ConfigEntry>& ConfigTable() {
       {"max_leases", "RAYFABRIC_MAX_LEASES", "65536",
        "agent: active leases per agent; more are refused (RESOURCE_EXHAUSTED) so that readers "
        "cannot pin the whole store."},
+      {"store_timeout_ms", "RAYFABRIC_STORE_TIMEOUT_MS", "30000",
+       "agent: a plasma store that does not answer a request for this long breaks that "
+       "connection; the agent replaces it (and revokes the leases pinned on it)."},
       {"create_timeout_ms", "RAYFABRIC_CREATE_TIMEOUT_MS", "10000",
        "agent: how long a pull waits for room in a full local store before it gives up (and the "
        "caller falls back to Ray's path)."},

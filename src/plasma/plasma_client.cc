@@ -153,13 +153,18 @@ class PlasmaClient::Impl {
   }
 
   Result<ObjectBuffer> Create(const ObjectId& id, const CreateOptions& o, int64_t capacity) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     RF_RETURN_IF_ERROR(CheckHealthy());
     RF_RETURN_IF_ERROR(CheckId(id, "Create"));
     RF_RETURN_IF_ERROR(CheckOwner(o.owner));
     if (held_.count(id) != 0) {
       return InvalidArgument("Create of object " + id.Hex() +
                              " that this client already holds (created or got); release it first");
+    }
+    if (creating_.count(id) != 0 || abandoned_.count(id) != 0) {
+      return AlreadyExists("create of object " + Short(id) +
+                           ": an earlier create of it on this connection is still queued in the "
+                           "store (it is aborted as soon as the store fulfils it)");
     }
     if (AddOverflows(o.data_size, o.metadata_size) || o.data_size + o.metadata_size == 0 ||
         o.data_size + o.metadata_size > kMaxFallbackObjectBytes) {
@@ -198,49 +203,73 @@ class PlasmaClient::Impl {
 
     MessageType type = MessageType::kCreateRequest;
     std::vector<uint8_t> request = EncodeCreateRequest(fields);
+    creating_.insert(id);
+    struct Done {
+      std::set<ObjectId>& set;
+      ObjectId id;
+      ~Done() { set.erase(id); }
+    } done{creating_, id};
     while (true) {
       RF_ASSIGN_OR_RETURN(std::vector<uint8_t> payload,
                           Roundtrip(type, request, MessageType::kCreateReply, RequestDeadline()));
-      auto decoded = DecodeCreateReply(payload);
-      if (!decoded.ok()) return Fail(decoded.status());
-      const CreateReply& reply = *decoded;
-      if (reply.object_id != id.Binary()) {
-        return Fail(ProtocolError("CreateReply names another object than " + id.Hex()));
+      RF_ASSIGN_OR_RETURN(std::optional<uint64_t> queued,
+                          TakeCreateReply(id, payload, o.data_size, o.metadata_size, what));
+      if (!queued) return MakeBuffer(id, last_created_);
+      // The store queued the request (it is making room: eviction, spilling, fallback).
+      if (Clock::now() + kCreateRetryInterval > give_up_at) {
+        // The request cannot be withdrawn short of closing the connection, which would also
+        // abort every other replica of this connection while its bytes may still be arriving.
+        // It stays queued; ReapAbandonedCreates aborts the object once the store fulfils it.
+        abandoned_[id] = *queued;
+        return ResourceExhausted(
+            what + ": object store full: the store found no room within " +
+            std::to_string(o.timeout_ms) +
+            " ms while evicting/spilling; retry later, free objects, or let Ray move it");
       }
-      if (reply.error != static_cast<int32_t>(PlasmaError::kOk)) {
-        // No object and no fd follow an error: the connection stays usable.
-        return PlasmaErrorToStatus(reply.error, what);
-      }
-      if (reply.retry_with_request_id > 0) {
-        // The store queued the request (it is making room: eviction, spilling, fallback).
-        if (Clock::now() + kCreateRetryInterval > give_up_at) {
-          // Closing the connection is the only way to withdraw the queued request.
-          return Fail(ResourceExhausted(
-              what + ": object store full: the store found no room within " +
-              std::to_string(o.timeout_ms) +
-              " ms while evicting/spilling; retry later, free objects, or let Ray move it"));
-        }
-        std::this_thread::sleep_for(kCreateRetryInterval);
-        type = MessageType::kCreateRetryRequest;
-        request = EncodeCreateRetryRequest(id, reply.retry_with_request_id);
+      // Other requests on this connection (Seal, Abort, Release of other replicas) go through
+      // while this one waits for room.
+      lock.unlock();
+      std::this_thread::sleep_for(kCreateRetryInterval);
+      lock.lock();
+      RF_RETURN_IF_ERROR(CheckHealthy());
+      type = MessageType::kCreateRetryRequest;
+      request = EncodeCreateRetryRequest(id, *queued);
+    }
+  }
+
+  // Asks the store about every create given up at its timeout; aborts those it has fulfilled
+  // since. Returns how many were aborted.
+  Result<size_t> ReapAbandonedCreates() {
+    std::lock_guard<std::mutex> lock(mu_);
+    RF_RETURN_IF_ERROR(CheckHealthy());
+    size_t aborted = 0;
+    for (auto it = abandoned_.begin(); it != abandoned_.end();) {
+      const ObjectId id = it->first;
+      const std::string what = "abandoned create of object " + Short(id);
+      RF_ASSIGN_OR_RETURN(
+          std::vector<uint8_t> payload,
+          Roundtrip(MessageType::kCreateRetryRequest, EncodeCreateRetryRequest(id, it->second),
+                    MessageType::kCreateReply, RequestDeadline()));
+      auto queued = TakeCreateReply(id, payload, std::nullopt, std::nullopt, what);
+      if (queued.ok() && *queued) {
+        it->second = **queued;  // still waiting for room
+        ++it;
         continue;
       }
-      if (!reply.has_object) return Fail(VersionMismatch("CreateReply without plasma_object"));
-      const ObjectSpec& spec = reply.object;
-      if (spec.data_size != o.data_size || spec.metadata_size != o.metadata_size) {
-        return Fail(ProtocolError(what + ": store allocated " + std::to_string(spec.data_size) +
-                                  "+" + std::to_string(spec.metadata_size) + " bytes"));
+      it = abandoned_.erase(it);
+      if (!queued.ok()) {
+        if (!CheckHealthy().ok()) return queued.status();
+        continue;  // the store gave up on it (an error reply): nothing was created
       }
-      SegmentKey key = reply.segment;
-      RF_RETURN_IF_ERROR(
-          EnsureSegment(key, reply.mmap_size, spec.fallback_allocated, RequestDeadline()));
-      held_[id] = Held{true, false, 1, key, spec.fallback_allocated};
-      if (spec.fallback_allocated) ++fallback_users_[key];
-      ObjectSpec located = spec;
-      located.segment_index = key.store_fd;
-      located.unique_fd_id = key.unique_fd_id;
-      return MakeBuffer(id, located);
+      RF_RETURN_IF_ERROR(AbortLocked(id));
+      ++aborted;
     }
+    return aborted;
+  }
+
+  size_t abandoned_creates() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return abandoned_.size();
   }
 
   Status Seal(const ObjectId& id) {
@@ -267,6 +296,10 @@ class PlasmaClient::Impl {
 
   Status Abort(const ObjectId& id) {
     std::lock_guard<std::mutex> lock(mu_);
+    return AbortLocked(id);
+  }
+
+  Status AbortLocked(const ObjectId& id) {
     RF_RETURN_IF_ERROR(CheckHealthy());
     RF_RETURN_IF_ERROR(CheckId(id, "Abort"));
     auto it = held_.find(id);
@@ -373,6 +406,43 @@ class PlasmaClient::Impl {
     bool fallback = false;
   };
 
+  // Reads one CreateReply for `id`: nullopt when the object was created (then held_ knows it and
+  // last_created_ describes it), the request id to retry with when the store queued it, or the
+  // error. Sizes are checked when given.
+  Result<std::optional<uint64_t>> TakeCreateReply(const ObjectId& id,
+                                                  const std::vector<uint8_t>& payload,
+                                                  std::optional<uint64_t> data_size,
+                                                  std::optional<uint64_t> metadata_size,
+                                                  const std::string& what) {
+    auto decoded = DecodeCreateReply(payload);
+    if (!decoded.ok()) return Fail(decoded.status());
+    const CreateReply& reply = *decoded;
+    if (reply.object_id != id.Binary()) {
+      return Fail(ProtocolError("CreateReply names another object than " + id.Hex()));
+    }
+    if (reply.error != static_cast<int32_t>(PlasmaError::kOk)) {
+      // No object and no fd follow an error: the connection stays usable.
+      return PlasmaErrorToStatus(reply.error, what);
+    }
+    if (reply.retry_with_request_id > 0) return std::optional<uint64_t>(reply.retry_with_request_id);
+    if (!reply.has_object) return Fail(VersionMismatch("CreateReply without plasma_object"));
+    const ObjectSpec& spec = reply.object;
+    if ((data_size && spec.data_size != *data_size) ||
+        (metadata_size && spec.metadata_size != *metadata_size)) {
+      return Fail(ProtocolError(what + ": store allocated " + std::to_string(spec.data_size) +
+                                "+" + std::to_string(spec.metadata_size) + " bytes"));
+    }
+    SegmentKey key = reply.segment;
+    RF_RETURN_IF_ERROR(
+        EnsureSegment(key, reply.mmap_size, spec.fallback_allocated, RequestDeadline()));
+    held_[id] = Held{true, false, 1, key, spec.fallback_allocated};
+    if (spec.fallback_allocated) ++fallback_users_[key];
+    last_created_ = spec;
+    last_created_.segment_index = key.store_fd;
+    last_created_.unique_fd_id = key.unique_fd_id;
+    return std::optional<uint64_t>();
+  }
+
   Clock::time_point RequestDeadline() const {
     return Clock::now() + std::chrono::milliseconds(options_.request_timeout_ms);
   }
@@ -408,13 +478,15 @@ class PlasmaClient::Impl {
   }
 
   // Marks the connection unusable: after an I/O or protocol error we can no longer tell where
-  // one message ends, and closing is also how the store learns to drop our pins.
+  // one message ends. The socket stays open until the client is destroyed: closing it is how the
+  // store learns to drop our pins and abort what we created, and the owner must first make sure
+  // nothing still reads or writes that memory (in-flight fabric transfers).
   Status Fail(Status status) {
     if (!broken_) {
       broken_ = true;
       broken_reason_ = status.ToString();
-      stream_.Close();
-      RF_LOG(kWarn, "plasma client: closing the store connection: " << broken_reason_);
+      RF_LOG(kWarn, "plasma client: the store connection is broken: "
+                        << broken_reason_ << " (closed once its users are done)");
     }
     return status;
   }
@@ -563,6 +635,9 @@ class PlasmaClient::Impl {
   std::map<SegmentKey, Segment> segments_;  // mirrors the store's per-connection fd set
   std::map<SegmentKey, int> fallback_users_;
   std::unordered_map<ObjectId, Held> held_;
+  std::set<ObjectId> creating_;                   // Creates waiting for room (lock released)
+  std::map<ObjectId, uint64_t> abandoned_;        // given up at their timeout: request id
+  ObjectSpec last_created_;
   SegmentCallback on_mapped_;
   SegmentCallback on_unmapped_;
 };
@@ -622,6 +697,10 @@ Status PlasmaClient::Abort(const ObjectId& id) { return impl_->Abort(id); }
 Status PlasmaClient::Release(const ObjectId& id) { return impl_->Release(id); }
 Result<bool> PlasmaClient::Contains(const ObjectId& id) { return impl_->Contains(id); }
 bool PlasmaClient::healthy() const { return impl_->healthy(); }
+
+Result<size_t> PlasmaClient::ReapAbandonedCreates() { return impl_->ReapAbandonedCreates(); }
+
+size_t PlasmaClient::abandoned_creates() const { return impl_->abandoned_creates(); }
 std::vector<SegmentInfo> PlasmaClient::Segments() const { return impl_->Segments(); }
 void PlasmaClient::SetSegmentCallbacks(SegmentCallback on_mapped, SegmentCallback on_unmapped) {
   impl_->SetSegmentCallbacks(std::move(on_mapped), std::move(on_unmapped));

@@ -34,8 +34,9 @@ MODE = os.environ.get("RAYFABRIC_SECURITY_MODE", "none")
 MiB = 1 << 20
 PROVIDER = "tcp;ofi_rxm"
 # A frozen source is given up after 6 s without progress; its reads drained (or cut) within 1 s.
+# A store that does not answer for 4 s breaks the agent's connection to it.
 AGENT_ENV = {"RAYFABRIC_OP_TIMEOUT_MS": "6000", "RAYFABRIC_DRAIN_TIMEOUT_MS": "1000",
-             "RAYFABRIC_CREATE_TIMEOUT_MS": "3000"}
+             "RAYFABRIC_CREATE_TIMEOUT_MS": "3000", "RAYFABRIC_STORE_TIMEOUT_MS": "4000"}
 PROBE = os.path.join(rayfabric.bin_dir(), "tests", "agent", "fabric_probe")
 
 
@@ -388,3 +389,51 @@ def test_a_source_frozen_mid_transfer_never_changes_a_byte(cluster):
     again = object_on("n1", 16 * MiB, 70)
     out = ray.get(on("n0", fetch).remote([again]))
     assert out["pulled"] == 1 and out["digests"] == [expected_digest(16 * MiB, 70)], out
+
+
+def raylet_pid(node_hex):
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if args and args[0].endswith(b"raylet") and f"--node_id={node_hex}".encode() in args:
+            return int(pid)
+    raise RuntimeError(f"no raylet for node {node_hex}")
+
+
+@pytest.mark.skipif(MODE != "none", reason="runs on the plain cluster")
+def test_a_store_that_stopped_answering_is_reconnected(cluster):
+    """The raylet of n1 stops answering (SIGSTOP) while its agent asks its store for a lease: that
+    connection breaks after store_timeout_ms, the leases pinned on it are revoked (their pins die
+    with it), and the agent connects again and serves, without a restart."""
+    n1 = client(cluster, "n1")
+    held = object_on("n1", 4 * MiB, 80)
+    other = object_on("n1", 4 * MiB, 81)
+    first = n1.lease([held.binary()], ttl_ms=60000).leases[0]
+    assert first.error_code == pb.ERROR_CODE_NONE
+    before = n1.status()
+    pid = raylet_pid(cluster["nodes"]["n1"])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        stuck = n1.lease([other.binary()], ttl_ms=60000, timeout=30).leases[0]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert stuck.error_code != pb.ERROR_CODE_NONE, stuck
+    assert "store" in stuck.error or "plasma" in stuck.error, stuck.error
+    # The next call reconnects; the lease pinned on the old connection is gone.
+    again = n1.lease([other.binary()], ttl_ms=60000).leases[0]
+    assert again.error_code == pb.ERROR_CODE_NONE, again
+    after = n1.status()
+    assert after.store_reconnects - before.store_reconnects >= 1
+    assert after.leases_revoked - before.leases_revoked >= 1
+    assert names(n1.release([(first.lease_id, first.token)]).error_codes) == ["NotFound"]
+    assert names(n1.release([(again.lease_id, again.token)]).error_codes) == [""]
+    # And pulls from that node go on by the fabric.
+    fresh = object_on("n1", 8 * MiB, 82)
+    out = ray.get(on("n0", fetch).remote([fresh]))
+    assert out["pulled"] == 1 and out["digests"] == [expected_digest(8 * MiB, 82)], out
+    assert n1.status().leases_active == 0 or time.sleep(2) or n1.status().leases_active == 0
