@@ -14,9 +14,9 @@ from ray.experimental import internal_kv
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayfabric import bin_dir
+from rayfabric.doctor import agent_fabric_env
 
 NAMESPACE = "rayfabric"
-MR_CACHE_VARIABLES = ("FI_MR_CACHE_MAX_COUNT", "FI_MR_CACHE_MONITOR", "FI_EFA_MR_CACHE_ENABLE")
 KV_PREFIX = "agent:"
 
 
@@ -95,8 +95,7 @@ class NodeAgent:
         # libfabric 1.17's verbs MR cache registers every region writable by peers (and keeps
         # keys alive after deregistration): agents run without it unless the user chose a cache
         # setting (never overridden). See README, Security.
-        if not any(v in proc_env for v in MR_CACHE_VARIABLES):
-            proc_env["FI_MR_CACHE_MAX_COUNT"] = "0"
+        proc_env = agent_fabric_env(proc_env)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=proc_env)
         line = self.proc.stdout.readline().decode(errors="replace").strip()

@@ -48,6 +48,19 @@ RXE_UNIVERSE_MAX = 64                      # measured: 64 works on rxe, the defa
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 
+# libfabric 1.17's verbs MR cache registers every region with remote write access and keeps keys
+# valid after deregistration: agents run without it unless the user chose a cache setting.
+MR_CACHE_VARIABLES = ("FI_MR_CACHE_MAX_COUNT", "FI_MR_CACHE_MONITOR", "FI_EFA_MR_CACHE_ENABLE")
+
+
+def agent_fabric_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment rayfabric's launcher gives an agent: `env` plus FI_MR_CACHE_MAX_COUNT=0
+    when the user set none of the MR cache variables (never overriding one they set)."""
+    out = dict(env)
+    if not any(v in out for v in MR_CACHE_VARIABLES):
+        out["FI_MR_CACHE_MAX_COUNT"] = "0"
+    return out
+
 
 @dataclasses.dataclass
 class Finding:
@@ -612,6 +625,15 @@ def check_engine(es: Mapping[str, Any], rdma_offered: bool, env: Mapping[str, st
                                "rayfabric may be linked against another libfabric than this fi_info (check "
                                f"`ldd {es.get('binary', ENGINE_TOOL)} | grep fabric`; build with "
                                "-Dlibfabric_prefix=... and pass --fi-info from the same prefix)"))
+    if sel.get("enforces_access") is False:
+        note = sel.get("access_note", "")
+        allowed = env.get("RAYFABRIC_ALLOW_UNPROTECTED_MEMORY", "").lower() in ("1", "true", "yes", "on")
+        out.append(Finding(WARNING if allowed else ERROR, "access-not-enforced",
+                           f"{prov}: a registration may grant peers more than asked, write included ({note}); "
+                           + ("RAYFABRIC_ALLOW_UNPROTECTED_MEMORY lets the agent serve anyway" if allowed
+                              else "the agent refuses to serve plasma memory on it"),
+                           "leave the MR cache variables unset (agents then run with FI_MR_CACHE_MAX_COUNT=0) "
+                           "or set FI_MR_CACHE_MAX_COUNT=0; for shm, choose another provider"))
     if sel.get("deregistration_revokes_keys") is False:
         life = sel.get("key_lifetime", "")
         core = prov.split(";")[0]
@@ -631,6 +653,29 @@ def check_engine(es: Mapping[str, Any], rdma_offered: bool, env: Mapping[str, st
                                f"{prov}: whether deregistration revokes keys is not known ({life})",
                                "treat keys as valid until the memory is unmapped"))
     return out
+
+
+def check_control_plane(env: Mapping[str, str]) -> list[Finding]:
+    """How the agents' gRPC is protected: as the Ray cluster's own (token, TLS), read from Ray's
+    environment variables."""
+    token = env.get("RAY_AUTH_MODE", "").lower() == "token"
+    tls = env.get("RAY_USE_TLS", "0").lower() in ("1", "true")
+    if tls:
+        missing = [v for v in ("RAY_TLS_SERVER_CERT", "RAY_TLS_SERVER_KEY", "RAY_TLS_CA_CERT") if not env.get(v)]
+        if missing:
+            return [Finding(ERROR, "tls-incomplete", f"RAY_USE_TLS is set but {', '.join(missing)} is not",
+                            "set RAY_TLS_SERVER_CERT, RAY_TLS_SERVER_KEY and RAY_TLS_CA_CERT as for Ray itself")]
+    if not token and not tls:
+        return [Finding(WARNING, "control-plane-open",
+                        "no token authentication (RAY_AUTH_MODE is not 'token') and no TLS: like this Ray "
+                        "cluster, any host that reaches an agent's port can lease objects and read the node's "
+                        "object store (never write it, never create objects)",
+                        "enable Ray's token authentication (RAY_AUTH_MODE=token; `ray get-auth-token --generate`) "
+                        "and/or TLS (RAY_USE_TLS=1 with RAY_TLS_*); rayfabric follows it")]
+    return [Finding(INFO, "control-plane",
+                    "agents require " + " and ".join(x for x, on in (("the cluster's token", token),
+                                                                      ("TLS with client certificates", tls)) if on),
+                    "")]
 
 
 # ----------------------------------------------------------------------------- report
@@ -655,8 +700,11 @@ def diagnose(*, sysfs: str = SYSFS_IB, dev_dir: str = "/dev/infiniband", fi_info
     entries = [] if rdm_run.nodata else parse_fi_info(rdm_run.out)
     by_prov = rdm_domains(entries)
     rdma_sel = {p: d for p, d in by_prov.items() if is_rdma_provider(p)}
-    es = engine_selection(env)
-    findings += check_engine(es, bool(rdma_sel) and not any(f.severity == ERROR for f in findings), env)
+    # The engine as an agent would run it (the launcher's environment defaults included).
+    agent_env = agent_fabric_env(env)
+    es = engine_selection(agent_env)
+    findings += check_engine(es, bool(rdma_sel) and not any(f.severity == ERROR for f in findings), agent_env)
+    findings += check_control_plane(env)
     usable = not any(f.severity == ERROR for f in findings)
     engine = ""
     if es["available"]:

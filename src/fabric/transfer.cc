@@ -119,7 +119,7 @@ Result<Transfer> EngineCore::Start(RmaOp op, PeerId peer, const RemoteRegion& re
   t->last_progress = Clock::now();
   active_.push_back(t);
   PumpLocked(*t);
-  Wake();  // the progress thread watches the new transfer's progress timeout
+  if (blocked_) Wake();  // (the progress thread looks at timeouts every kProgressWaitMs anyway)
   ReapLocked();
   return Transfer(t);
 }

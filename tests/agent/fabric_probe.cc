@@ -5,9 +5,11 @@
 //   fabric_probe read  ADDRESS_HEX REGION_HEX OFFSET LENGTH   -> "OK <sha256-free fnv64 hex>"
 //   fabric_probe write ADDRESS_HEX REGION_HEX OFFSET LENGTH   -> "OK" (writes 0x5A bytes)
 //   fabric_probe guess ADDRESS_HEX REGION_HEX OFFSET LENGTH N -> tries keys 0..N-1 and the real
-//        key +-1..4 at base 0 and at the real base; prints "GUESSED <k> <base>" for each that
-//        read anything, then "DONE <refused>"
+//        key +-1..4 at base 0 and at the real base, each after a good read with the real one;
+//        prints "GUESSED <k> <base>" for each that read anything, then "DONE <refused>"
 // Any failure prints "FAIL <status>". Exit status 0 whatever the outcome (the caller decides).
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -74,9 +76,22 @@ int main(int argc, char** argv) {
     for (uint64_t k = 0; k < n; ++k) keys.push_back(k);
     for (uint64_t d = 1; d <= 4; ++d) keys.insert(keys.end(), {region->key + d, region->key - d});
     int refused = 0;
+    // A refused RMA drops tcp;ofi_rxm's connection and the next operation may find it closing:
+    // before each guess the real descriptor must read again, so each refusal is the key's.
+    auto reconnected = [&] {
+      for (int attempt = 0; attempt < 50; ++attempt) {
+        if (e.Read(*peer, *region, offset, *mr, buffer.data(), length).ok()) return true;
+        usleep(20000);
+      }
+      return false;
+    };
     for (uint64_t base : {uint64_t{0}, region->address}) {
       for (uint64_t key : keys) {
         if (key == region->key) continue;
+        if (!reconnected()) {
+          std::printf("FAIL the real descriptor no longer reads\n");
+          return 0;
+        }
         fabric::RemoteRegion guess = *region;
         guess.address = base;
         guess.key = key;

@@ -278,7 +278,7 @@ def test_forged_and_guessed_descriptors_read_nothing(cluster):
     region = granted.region
     key = int.from_bytes(region[16:24], "little")
     assert key > 0xFFFFFFFF, f"key {key} looks counted, not random"
-    out = probe("guess", lease.fabric_address.hex(), region.hex(), granted.offset, 4096, 24)
+    out = probe("guess", lease.fabric_address.hex(), region.hex(), granted.offset, 4096, 16)
     assert "GUESSED" not in out and out.startswith("DONE "), out
     n1.release([(granted.lease_id, granted.token)])
     # After the release a stale copy of the descriptor still only reads this store's objects,

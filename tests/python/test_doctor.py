@@ -564,6 +564,34 @@ def test_check_engine_keys_outlive_deregistration():
     assert (f.severity, f.code) == (INFO, "keys-outlive-deregistration") and "not known" in f.message
 
 
+def test_check_engine_access_not_enforced():
+    (f, keys) = doctor.check_engine(sel(enforces_access=False, access_note="the verbs MR cache registers every region"),
+                                    True, {})
+    assert (f.severity, f.code) == (ERROR, "access-not-enforced") and "refuses to serve" in f.message
+    assert "FI_MR_CACHE_MAX_COUNT=0" in f.fix and keys.code == "keys-outlive-deregistration"
+    (f, _) = doctor.check_engine(sel(enforces_access=False), True, {"RAYFABRIC_ALLOW_UNPROTECTED_MEMORY": "true"})
+    assert (f.severity, f.code) == (WARNING, "access-not-enforced") and "serve anyway" in f.message
+    assert doctor.check_engine(sel(enforces_access=True, mr_cache=False, deregistration_revokes_keys=True), True, {}) == []
+
+
+def test_agent_fabric_env_turns_the_mr_cache_off_unless_the_user_chose():
+    assert doctor.agent_fabric_env({"A": "1"}) == {"A": "1", "FI_MR_CACHE_MAX_COUNT": "0"}
+    for var in doctor.MR_CACHE_VARIABLES:
+        assert doctor.agent_fabric_env({var: "7"}) == {var: "7"}
+
+
+def test_check_control_plane():
+    (f,) = doctor.check_control_plane({})
+    assert (f.severity, f.code) == (WARNING, "control-plane-open") and "RAY_AUTH_MODE=token" in f.fix
+    (f,) = doctor.check_control_plane({"RAY_AUTH_MODE": "token"})
+    assert (f.severity, f.code) == (INFO, "control-plane") and "token" in f.message
+    (f,) = doctor.check_control_plane({"RAY_USE_TLS": "1"})
+    assert (f.severity, f.code) == (ERROR, "tls-incomplete") and "RAY_TLS_CA_CERT" in f.message
+    tls = {"RAY_USE_TLS": "true", "RAY_TLS_SERVER_CERT": "c", "RAY_TLS_SERVER_KEY": "k", "RAY_TLS_CA_CERT": "a"}
+    (f,) = doctor.check_control_plane({**tls, "RAY_AUTH_MODE": "token"})
+    assert (f.severity, f.code) == (INFO, "control-plane") and "TLS" in f.message and "token" in f.message
+
+
 # --------------------------------------------------------------------- real runs on this host
 
 def run_doctor(*args):
@@ -648,7 +676,8 @@ def test_guest_like_node_with_the_engine_on_verbs(tmp_path):
     r = json.loads(p.stdout)
     assert p.returncode == 0 and r["rdma_usable"], p.stdout
     assert r["verdict"].endswith("the engine chooses verbs;ofi_rxm on rxe0")
-    assert [f["code"] for f in r["findings"]] == ["keys-outlive-deregistration"]
+    # (the fake guest's environment has no Ray token/TLS: the control plane is open, as Ray's)
+    assert [f["code"] for f in r["findings"]] == ["keys-outlive-deregistration", "control-plane-open"]
     jf = tmp_path / "report.json"
     text = subprocess.run([sys.executable, str(DOCTOR), *args[1:], "--json-file", str(jf)], capture_output=True,
                           text=True, timeout=120, env=env).stdout
@@ -664,7 +693,7 @@ def test_guest_like_node_where_the_engine_picks_tcp(tmp_path):
     p = subprocess.run([sys.executable, str(DOCTOR), *args], capture_output=True, text=True, timeout=120, env=env)
     r = json.loads(p.stdout)
     assert p.returncode == 1 and not r["rdma_usable"]
-    assert [f["code"] for f in r["findings"]] == ["engine-not-rdma"]
+    assert [f["code"] for f in r["findings"]] == ["engine-not-rdma", "control-plane-open"]
     assert r["verdict"] == "RDMA NOT usable on this node: rayfabric would use tcp;ofi_rxm on eth0 (not RDMA) (or Ray's own path)"
 
 
@@ -672,7 +701,7 @@ def test_guest_like_node_without_the_engine_tool(tmp_path):
     args, env = _fake_guest(tmp_path, None)
     p = subprocess.run([sys.executable, str(DOCTOR), *args], capture_output=True, text=True, timeout=120, env=env)
     r = json.loads(p.stdout)
-    assert p.returncode == 0 and [f["code"] for f in r["findings"]] == ["engine-tool-missing"]
+    assert p.returncode == 0 and [f["code"] for f in r["findings"]] == ["engine-tool-missing", "control-plane-open"]
     assert r["engine_selection"]["status"] == "missing"
 
 
