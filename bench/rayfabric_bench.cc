@@ -2,8 +2,12 @@
 // printed next to the ceilings measured in the same run: memcpy, and a raw TCP stream between the
 // same two processes (over the control connection).
 //
-//   rayfabric-bench [--provider NAME] [--op read|write] [--sizes 4K,1M,256M] [--json FILE]
+//   rayfabric-bench [--provider NAME] [--op read|write|register] [--sizes 4K,1M,256M] [--json FILE]
 //                   [--verify] [--peer HOST:PORT | --listen PORT] [--iters N]
+//
+// --op register measures what a per-object registration costs (the agent's "object" exposure):
+// fi_mr_reg of a region of each size with remote read access and a key of its own, and its
+// fi_close, in this process alone (prefaulted memory; no peer).
 //
 // By default it spawns the serving process itself (same binary, --serve) and connects to it over
 // loopback. For two hosts: run `rayfabric-bench --listen 7000` on one and
@@ -337,6 +341,60 @@ int Measure(Conn& conn, const Options& opt, const Config& config, uint64_t max_s
   return 0;
 }
 
+// --op register: registration and deregistration time per size, this process alone.
+int MeasureRegistration(const Options& opt, const Config& config, uint64_t max_size) {
+  auto engine = fabric::Engine::Open(config);
+  if (!engine.ok()) Die(engine.status().ToString());
+  fabric::Engine& e = **engine;
+  const auto& p = e.profile();
+  std::printf("provider %s domain %s: %s; %s\n", p.provider.c_str(), p.domain.c_str(),
+              p.key_lifetime.c_str(), p.access_note.c_str());
+  char* buf = AllocPrefaulted(max_size);
+  struct RegRow {
+    uint64_t size;
+    int iters;
+    double reg_p50_us, reg_p99_us, dereg_p50_us, dereg_p99_us;
+  };
+  std::vector<RegRow> rows;
+  for (uint64_t size : opt.sizes) {
+    const int iters = opt.iters > 0 ? opt.iters
+                                    : static_cast<int>(std::clamp<uint64_t>((4ULL << 30) / size, 5, 2000));
+    std::vector<double> reg, dereg;
+    for (int i = 0; i <= iters; ++i) {
+      auto t0 = Clock::now();
+      auto mr = e.Register(buf, size, fabric::kRemoteRead, fabric::Sharing::kPrivate);
+      auto t1 = Clock::now();
+      if (!mr.ok()) Die(mr.status().ToString());
+      mr->reset();
+      auto t2 = Clock::now();
+      if (i == 0) continue;  // warm-up
+      reg.push_back(Seconds(t0, t1) * 1e6);
+      dereg.push_back(Seconds(t1, t2) * 1e6);
+    }
+    rows.push_back({size, iters, Percentile(reg, 0.5), Percentile(reg, 0.99), Percentile(dereg, 0.5),
+                    Percentile(dereg, 0.99)});
+  }
+  std::printf("\n%-8s %8s %12s %12s %12s %12s\n", "size", "iters", "reg p50 us", "reg p99 us",
+              "dereg p50 us", "dereg p99 us");
+  for (const RegRow& r : rows) {
+    std::printf("%-8s %8d %12.1f %12.1f %12.1f %12.1f\n", SizeName(r.size).c_str(), r.iters,
+                r.reg_p50_us, r.reg_p99_us, r.dereg_p50_us, r.dereg_p99_us);
+  }
+  if (!opt.json.empty()) {
+    std::ofstream js(opt.json);
+    js << "{\"engine\":" << e.report().ToJson() << ",\"registration\":[";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const RegRow& r = rows[i];
+      js << (i ? "," : "") << "{\"size\":" << r.size << ",\"iters\":" << r.iters
+         << ",\"reg_p50_us\":" << r.reg_p50_us << ",\"reg_p99_us\":" << r.reg_p99_us
+         << ",\"dereg_p50_us\":" << r.dereg_p50_us << ",\"dereg_p99_us\":" << r.dereg_p99_us << "}";
+    }
+    js << "]}\n";
+  }
+  munmap(buf, max_size);
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   Options opt;
   Config config = Config::FromEnvironment();
@@ -352,7 +410,9 @@ int Main(int argc, char** argv) {
       (void)config.Set("domain", next());
     } else if (a == "--op") {
       opt.op = next();
-      if (opt.op != "read" && opt.op != "write") Die("--op must be read or write");
+      if (opt.op != "read" && opt.op != "write" && opt.op != "register") {
+        Die("--op must be read, write or register");
+      }
     } else if (a == "--sizes") {
       opt.sizes = ParseSizes(next());
     } else if (a == "--json") {
@@ -377,7 +437,7 @@ int Main(int argc, char** argv) {
       opt.connect_port = next();
     } else if (a == "-h" || a == "--help") {
       std::printf(
-          "usage: rayfabric-bench [--provider NAME] [--domain NAME] [--op read|write]\n"
+          "usage: rayfabric-bench [--provider NAME] [--domain NAME] [--op read|write|register]\n"
           "                       [--sizes 4K,1M,256M] [--json FILE] [--verify] [--iters N]\n"
           "                       [--chunk-size 4M] [--max-inflight 16]\n"
           "                       [--listen PORT | --peer HOST:PORT]\n");
@@ -387,6 +447,7 @@ int Main(int argc, char** argv) {
     }
   }
   uint64_t max_size = *std::max_element(opt.sizes.begin(), opt.sizes.end());
+  if (opt.op == "register") return MeasureRegistration(opt, config, max_size);
 
   if (opt.serve) {  // spawned by the measuring side
     Conn conn(Connect("127.0.0.1", opt.connect_port));

@@ -252,7 +252,8 @@ def status(timeout=10):
             s = _client(rec["address"]).status(timeout=timeout)
             d = {f.name: getattr(s, f.name) for f in pb.StatusReply.DESCRIPTOR.fields if f.name != "info"}
             d.update({"address": rec["address"], "provider": s.info.provider, "domain": s.info.domain,
-                      "pid": s.info.pid, "alive": True})
+                      "pid": s.info.pid, "alive": True, "exposure": s.info.exposure,
+                      "token_auth": s.info.token_auth, "tls": s.info.tls})
         except Exception as e:  # noqa: BLE001 - report the dead agent, keep going
             d = {"address": rec["address"], "alive": False, "error": str(e)[:200]}
         out[node] = d

@@ -138,9 +138,26 @@ Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options) {
                                               << profile.access_note
                                               << "): allowed by allow_unprotected_memory");
   }
+  // What a lease exposes: the default follows what a registration costs on this provider.
+  const std::string exposure = options.config.GetString("exposure");
+  bool object_exposure = false;
+  if (exposure == "object") {
+    object_exposure = true;
+  } else if (exposure == "auto") {
+    object_exposure = !profile.rdma;
+  } else if (exposure != "arena") {
+    return InvalidArgument("exposure='" + exposure + "': use object, arena or auto");
+  }
+  if (object_exposure && !profile.deregistration_revokes_keys) {
+    RF_LOG(kWarn, "exposure=object on " << profile.provider << ": a lease's key may outlive its "
+                                        << "release (" << profile.key_lifetime << ")");
+  }
+  RF_LOG(kInfo, "exposure: " << (object_exposure ? "object (a key per lease, for its bytes only)"
+                                                 : "arena (one read-only key for the store)")
+                             << (exposure == "auto" ? " (auto, from the provider)" : ""));
   return std::unique_ptr<Agent>(new Agent(std::move(options), std::move(serve_store),
                                           std::move(pull_store), std::move(engine),
-                                          max_lease_bytes_per_peer));
+                                          max_lease_bytes_per_peer, object_exposure));
 }
 
 struct Agent::PendingRelease {
@@ -151,7 +168,8 @@ struct Agent::PendingRelease {
 };
 
 Agent::Agent(AgentOptions options, StorePtr serve_store, StorePtr pull_store,
-             std::unique_ptr<fabric::Engine> engine, uint64_t max_lease_bytes_per_peer)
+             std::unique_ptr<fabric::Engine> engine, uint64_t max_lease_bytes_per_peer,
+             bool object_exposure)
     : options_(std::move(options)),
       serve_store_(std::move(serve_store)),
       pull_store_(std::move(pull_store)),
@@ -164,6 +182,7 @@ Agent::Agent(AgentOptions options, StorePtr serve_store, StorePtr pull_store,
       create_timeout_ms_(options_.config.GetInt("create_timeout_ms").value()),
       op_timeout_ms_(options_.config.GetInt("op_timeout_ms").value()),
       drain_timeout_ms_(options_.config.GetInt("drain_timeout_ms").value()) {
+  exposure_ = object_exposure ? Exposure::kObject : Exposure::kArena;
   auto on_unmapped = [this](const plasma::SegmentInfo& s) { OnSegmentUnmapped(s); };
   serve_store_->SetSegmentCallbacks(nullptr, on_unmapped);
   pull_store_->SetSegmentCallbacks(nullptr, on_unmapped);
@@ -226,7 +245,9 @@ Agent::StorePtr Agent::ServeStore(uint64_t* generation) {
       StorePtr old = std::exchange(serve_store_, *fresh);
       ++serve_generation_;
       ++store_reconnects_;
-      const size_t revoked = leases_.TakeAll().size();
+      const std::vector<LeasedObject> gone = leases_.TakeAll();
+      for (const LeasedObject& o : gone) DropLeaseRegion(o.lease_id);
+      const size_t revoked = gone.size();
       leases_revoked_ += revoked;
       {
         std::lock_guard<std::mutex> regions_lock(regions_mu_);
@@ -258,7 +279,22 @@ Agent::StorePtr Agent::PullStore() {
   return pull_store_;
 }
 
+void Agent::DropLeaseRegion(uint64_t lease_id) {
+  std::shared_ptr<fabric::MemoryRegion> region;
+  {
+    std::lock_guard<std::mutex> lock(lease_regions_mu_);
+    auto it = lease_regions_.find(lease_id);
+    if (it == lease_regions_.end()) return;
+    region = std::move(it->second);
+    lease_regions_.erase(it);
+  }
+  region.reset();  // deregistered here, outside the lock: its key stops working
+}
+
 void Agent::Unpin(const LeasedObject& object) {
+  // The lease's own key first (object exposure), then the pin: never a live key on memory the
+  // store may reuse.
+  DropLeaseRegion(object.lease_id);
   uint64_t generation = 0;
   StorePtr store = ServeStore(&generation);
   // A lease of an older connection: its pin went with that connection.
@@ -270,10 +306,12 @@ Result<std::shared_ptr<fabric::MemoryRegion>> Agent::RegionFor(uint8_t* base, si
   auto it = regions_.find(base);
   if (it != regions_.end() && it->second.region->length() >= size) return it->second.region;
   // The whole segment (the store's arena: every later object in it is served or filled with no
-  // new registration), with exactly what the two sides need: peers may read it (serving), this
-  // process's fi_read writes replicas into it (pulling). Never remote write.
-  RF_ASSIGN_OR_RETURN(auto region,
-                      engine_->Register(base, size, fabric::kLocalRead | fabric::kRemoteRead));
+  // new registration), with exactly what the two sides need: this process's fi_read writes
+  // replicas into it (pulling), and with arena exposure peers may read it (serving). Never remote
+  // write.
+  const uint32_t access = exposure_ == Exposure::kArena ? fabric::kLocalRead | fabric::kRemoteRead
+                                                       : fabric::kLocalRead;
+  RF_ASSIGN_OR_RETURN(auto region, engine_->Register(base, size, access));
   regions_[base] = Registered{region};
   return region;
 }
@@ -298,7 +336,7 @@ v1::InfoReply Agent::Info() const {
   info.set_pid(static_cast<int32_t>(getpid()));
   info.set_token_auth(options_.credentials.token_required());
   info.set_tls(options_.credentials.tls());
-  info.set_exposure("arena");
+  info.set_exposure(exposure_ == Exposure::kObject ? "object" : "arena");
   info.set_max_lease_ttl_ms(static_cast<uint32_t>(max_ttl_.count()));
   return info;
 }
@@ -314,23 +352,41 @@ void Agent::GrantLease(v1::Lease& lease, const ObjectId& id, const plasma::Objec
                        plasma::PlasmaClient& store, uint64_t generation) {
   // `obj` is pinned by our Get: every refusal below unpins it.
   const uint64_t bytes = obj.data_size + obj.metadata_size;
-  auto region = RegionFor(obj.segment_base, obj.segment_size);
-  if (!region.ok()) {
-    (void)store.Release(id);
-    return RefuseLease(
-        lease, region.status().WithContext("registering the store memory of object " + id.Hex()));
+  std::shared_ptr<fabric::MemoryRegion> region;
+  if (exposure_ == Exposure::kObject) {
+    // A registration of this object's bytes alone, with a key of its own, dropped when the
+    // lease ends: the holder can read this object and nothing else, and only while leased.
+    auto own = engine_->Register(obj.data, bytes, fabric::kRemoteRead, fabric::Sharing::kPrivate);
+    if (!own.ok()) {
+      (void)store.Release(id);
+      return RefuseLease(lease, own.status().WithContext("registering object " + id.Hex()));
+    }
+    region = *own;
+  } else {
+    auto arena = RegionFor(obj.segment_base, obj.segment_size);
+    if (!arena.ok()) {
+      (void)store.Release(id);
+      return RefuseLease(
+          lease, arena.status().WithContext("registering the store memory of object " + id.Hex()));
+    }
+    region = *arena;
   }
   auto grant = leases_.Grant(LeasedObject{id, bytes, requester, generation}, ttl);
   if (!grant.ok()) {
+    region.reset();
     (void)store.Release(id);
     return RefuseLease(lease, grant.status());
+  }
+  if (exposure_ == Exposure::kObject) {
+    std::lock_guard<std::mutex> lock(lease_regions_mu_);
+    lease_regions_[grant->id] = region;
   }
   ++leases_granted_;
   bytes_leased_ += bytes;
   lease.set_lease_id(grant->id);
   lease.set_token(grant->token);
-  lease.set_region((*region)->Describe().Serialize());
-  lease.set_offset(static_cast<uint64_t>(obj.data - static_cast<uint8_t*>((*region)->base())));
+  lease.set_region(region->Describe().Serialize());
+  lease.set_offset(static_cast<uint64_t>(obj.data - static_cast<uint8_t*>(region->base())));
   lease.set_data_size(obj.data_size);
   lease.set_metadata_size(obj.metadata_size);
   lease.set_expires_in_ms(static_cast<uint64_t>(ttl.count()));

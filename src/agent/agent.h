@@ -75,7 +75,8 @@ class Agent {
   using StorePtr = std::shared_ptr<plasma::PlasmaClient>;
 
   Agent(AgentOptions options, StorePtr serve_store, StorePtr pull_store,
-        std::unique_ptr<fabric::Engine> engine, uint64_t max_lease_bytes_per_peer);
+        std::unique_ptr<fabric::Engine> engine, uint64_t max_lease_bytes_per_peer,
+        bool object_exposure);
 
   // The current connection for serving (leases) / pulling (replicas); a broken one is replaced
   // first (ReconnectLocked). The serve store's generation numbers its connections: leases pinned
@@ -127,6 +128,14 @@ class Agent {
   std::unique_ptr<fabric::Engine> engine_;
   LeaseTable leases_;
   PeerClients peers_;
+  // What a lease exposes (config "exposure"): the whole arena, or the leased object's bytes only
+  // through a registration of its own, held here by lease id until the lease ends.
+  enum class Exposure { kArena, kObject };
+  Exposure exposure_ = Exposure::kArena;
+  std::mutex lease_regions_mu_;
+  std::map<uint64_t, std::shared_ptr<fabric::MemoryRegion>> lease_regions_;
+  void DropLeaseRegion(uint64_t lease_id);
+
   std::chrono::milliseconds default_ttl_;
   std::chrono::milliseconds max_ttl_;
   int64_t create_timeout_ms_ = 10000;

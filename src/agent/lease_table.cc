@@ -51,7 +51,9 @@ Result<LeaseGrant> LeaseTable::Grant(const LeasedObject& object, std::chrono::mi
                              "leases first");
   }
   LeaseGrant grant{next_id_++, RandomToken()};
-  leases_.emplace(grant.id, Entry{object, grant.token, now + ttl});
+  LeasedObject stored = object;
+  stored.lease_id = grant.id;
+  leases_.emplace(grant.id, Entry{stored, grant.token, now + ttl});
   pinned_bytes_ += object.bytes;
   held += object.bytes;
   return grant;

@@ -27,6 +27,7 @@ struct LeasedObject {
   uint64_t bytes = 0;     // data + metadata, for the pinned-bytes counters
   std::string requester;  // who holds it (the peer's host), for the per-requester byte bound
   uint64_t store_generation = 0;  // the store connection it is pinned on (the agent's numbering)
+  uint64_t lease_id = 0;          // set by the table (Release, TakeExpired and TakeAll return it)
 };
 
 class LeaseTable {

@@ -46,7 +46,9 @@ def cluster(request):
     c.add_node(num_cpus=2, resources={"n2": 100}, object_store_memory=SMALL_STORE)
     ray.init(address=c.address, logging_level="ERROR")
     c.wait_for_nodes()
-    records = rayfabric.init(provider=request.param, env=AGENT_ENV, watch_new_nodes=False)
+    # Both exposures run: tcp gets its default (object: a key per lease), sockets the arena.
+    env = dict(AGENT_ENV, **({"RAYFABRIC_EXPOSURE": "arena"} if request.param == "sockets" else {}))
+    records = rayfabric.init(provider=request.param, env=env, watch_new_nodes=False)
     nodes = {}
     for n in ray.nodes():
         for name in ("n0", "n1", "n2"):
@@ -187,6 +189,7 @@ def test_agents_report_the_provider(cluster):
     for node, a in st.items():
         assert a["alive"], a
         assert a["provider"] == cluster["provider"], a
+        assert a["exposure"] == ("arena" if cluster["provider"] == "sockets" else "object"), a
 
 
 @pytest.mark.parametrize("producer", ["task", "actor", "driver"])

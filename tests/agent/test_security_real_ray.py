@@ -153,7 +153,7 @@ def test_agents_report_the_clusters_credentials(cluster):
         info = client(cluster, name).info()
         assert info.token_auth == (MODE == "token"), info
         assert info.tls == (MODE == "tls"), info
-        assert info.exposure == "arena"
+        assert info.exposure == "object"  # auto on tcp: registering costs nothing measurable
         assert record(cluster, name)["token_auth"] == (MODE == "token")
 
 
@@ -437,3 +437,29 @@ def test_a_store_that_stopped_answering_is_reconnected(cluster):
     out = ray.get(on("n0", fetch).remote([fresh]))
     assert out["pulled"] == 1 and out["digests"] == [expected_digest(8 * MiB, 82)], out
     assert n1.status().leases_active == 0 or time.sleep(2) or n1.status().leases_active == 0
+
+
+@pytest.mark.skipif(MODE != "none", reason="the data-path attacks run on the plain cluster")
+def test_a_lease_reaches_its_object_only_and_only_while_leased(cluster):
+    """Object exposure (auto on tcp): a lease's descriptor covers its object's bytes alone, with a
+    key of its own that stops working when the lease is released."""
+    a = object_on("n1", 4 * MiB, 90)
+    b = object_on("n1", 4 * MiB, 91)
+    n1 = client(cluster, "n1")
+    reply = n1.lease([a.binary(), b.binary()], ttl_ms=60000)
+    la, lb = reply.leases
+    address = reply.fabric_address.hex()
+    size = la.data_size + la.metadata_size
+    assert la.offset == 0 and lb.offset == 0
+    own = probe("read", address, la.region.hex(), 0, size)
+    assert own.startswith("OK "), own
+    # Nothing past A's own bytes (in arena mode these reads would reach B, or any object).
+    assert probe("read", address, la.region.hex(), size, 4096).startswith("FAIL "), "read past the object"
+    assert probe("read", address, la.region.hex(), 0, size + 4096).startswith("FAIL "), "read past the object"
+    assert la.region != lb.region and la.region[16:24] != lb.region[16:24], "two leases share a key"
+    # Released: A's key is revoked; B's lease is untouched.
+    assert names(n1.release([(la.lease_id, la.token)]).error_codes) == [""]
+    assert probe("read", address, la.region.hex(), 0, 4096).startswith("FAIL "), "a released lease still reads"
+    assert probe("read", address, lb.region.hex(), 0, 4096).startswith("OK ")
+    assert names(n1.release([(lb.lease_id, lb.token)]).error_codes) == [""]
+    assert probe("read", address, lb.region.hex(), 0, 4096).startswith("FAIL ")
