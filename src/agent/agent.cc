@@ -221,6 +221,19 @@ Agent::~Agent() {
   sweep_cv_.notify_all();
   sweeper_.join();
   for (const LeasedObject& o : leases_.TakeAll()) Unpin(o);
+  // The store connections go while everything their unmap callbacks touch is still alive (the
+  // registrations are dropped before each mapping goes).
+  {
+    std::lock_guard<std::mutex> lock(quarantine_mu_);
+    quarantine_.clear();
+  }
+  {
+    std::lock_guard<std::mutex> lock(stores_mu_);
+    serve_store_.reset();
+    pull_store_.reset();
+  }
+  std::lock_guard<std::mutex> lock(regions_mu_);
+  regions_.clear();
 }
 
 Result<Agent::StorePtr> Agent::ConnectStore() {

@@ -1,6 +1,7 @@
 #include "rayfabric/plasma_client.h"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -8,7 +9,9 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <functional>
 #include <set>
+#include <tuple>
 #include <thread>
 #include <unordered_map>
 
@@ -35,6 +38,63 @@ std::string Short(const ObjectId& id) { return id.Hex().substr(0, 16) + ".."; }
 
 bool AddOverflows(uint64_t a, uint64_t b) { return a > UINT64_MAX - b; }
 
+// The store's files mapped once per process: every connection of this process to the store
+// receives the same file (its own fd for it); mapping it once means one address range, so the
+// fabric layer registers it once (the agent's two connections used to map and register the
+// store's arena twice). Keyed by the file (device, inode) and size; refcounted by connections.
+class SharedMappings {
+ public:
+  static SharedMappings& Instance() {
+    static SharedMappings instance;
+    return instance;
+  }
+
+  Result<uint8_t*> Map(int fd, size_t size) {
+    struct stat st {};
+    if (fstat(fd, &st) != 0) {
+      return ResourceExhausted(std::string("fstat of a plasma segment failed: ") +
+                               std::strerror(errno));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    const Key key{st.st_dev, st.st_ino, size};
+    auto it = by_file_.find(key);
+    if (it != by_file_.end()) {
+      ++it->second.refs;
+      return it->second.base;
+    }
+    void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+      return ResourceExhausted("mmap of a plasma segment (" + std::to_string(size) +
+                               " bytes) failed: " + std::strerror(errno));
+    }
+    by_file_[key] = Entry{static_cast<uint8_t*>(base), 1};
+    return static_cast<uint8_t*>(base);
+  }
+
+  // Drops one connection's use of the mapping. The last one runs `before_unmap` (e.g. the
+  // fabric deregisters the memory) and then unmaps it.
+  void Unmap(uint8_t* base, size_t size, const std::function<void()>& before_unmap) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = by_file_.begin(); it != by_file_.end(); ++it) {
+      if (it->second.base != base || std::get<2>(it->first) != size) continue;
+      if (--it->second.refs > 0) return;
+      if (before_unmap) before_unmap();
+      ::munmap(base, size);
+      by_file_.erase(it);
+      return;
+    }
+  }
+
+ private:
+  using Key = std::tuple<dev_t, ino_t, size_t>;
+  struct Entry {
+    uint8_t* base;
+    int refs;
+  };
+  std::mutex mu_;
+  std::map<Key, Entry> by_file_;
+};
+
 }  // namespace
 
 const std::vector<std::string>& SupportedRayVersions() {
@@ -56,7 +116,9 @@ class PlasmaClient::Impl {
     // Closing the socket first lets the store drop our references (and abort what we created
     // but never sealed) before the memory disappears from this process.
     stream_.Close();
-    for (auto& [key, seg] : segments_) Unmap(seg);
+    // The owner is told before the memory goes, and only if it goes (another connection may
+    // still map the file).
+    for (auto& [key, seg] : segments_) Unmap(key, seg);
   }
 
   Result<int64_t> Handshake() {
@@ -549,12 +611,9 @@ class PlasmaClient::Impl {
     }
     Segment seg;
     seg.size = static_cast<size_t>(mmap_size - kMmapRegionsGap);
-    void* base = ::mmap(nullptr, seg.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd->get(), 0);
-    if (base == MAP_FAILED) {
-      return Fail(ResourceExhausted("mmap of a plasma segment (" + std::to_string(seg.size) +
-                                    " bytes) failed: " + std::strerror(errno)));
-    }
-    seg.base = static_cast<uint8_t*>(base);
+    auto base = SharedMappings::Instance().Map(fd->get(), seg.size);
+    if (!base.ok()) return Fail(base.status());
+    seg.base = *base;
     seg.fd = std::move(*fd);
     seg.fallback = fallback;
     auto& stored = segments_[key] = std::move(seg);
@@ -578,13 +637,18 @@ class PlasmaClient::Impl {
     fallback_users_.erase(key);
     auto it = segments_.find(key);
     if (it == segments_.end()) return;
-    if (on_unmapped_) on_unmapped_(Info(key, it->second));
-    Unmap(it->second);
+    Unmap(key, it->second);
     segments_.erase(it);
   }
 
-  static void Unmap(Segment& seg) {
-    if (seg.base != nullptr) ::munmap(seg.base, seg.size);
+  // Drops this connection's use of the mapping; if it was the last, on_unmapped_ runs first.
+  void Unmap(const SegmentKey& key, Segment& seg) {
+    if (seg.base != nullptr) {
+      const SegmentInfo info = Info(key, seg);
+      SharedMappings::Instance().Unmap(seg.base, seg.size, [&] {
+        if (on_unmapped_) on_unmapped_(info);
+      });
+    }
     seg.base = nullptr;
     seg.fd.Reset();
   }
