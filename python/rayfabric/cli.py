@@ -23,15 +23,16 @@ def _print_status(st):
     if not rows:
         print("no rayfabric agents published in this cluster (`rayfabric start`)")
         return
-    print(f"{'node':14s} {'address':22s} {'provider':14s} {'domain':8s} {'pulled':>8s} {'MiB pulled':>11s} "
-          f"{'leases':>7s} {'pinned MiB':>11s} {'failed':>7s}")
+    print(f"{'node':14s} {'address':22s} {'provider':14s} {'domain':8s} {'exposure':8s} {'auth':9s} "
+          f"{'pulled':>8s} {'MiB pulled':>11s} {'leases':>7s} {'pinned MiB':>11s} {'failed':>7s}")
     for node, a in sorted(rows.items()):
         if not a.get("alive"):
             print(f"{node[:12]:14s} {a['address']:22s} DEAD: {a.get('error', '')}")
             continue
-        print(f"{node[:12]:14s} {a['address']:22s} {a['provider']:14s} {a['domain']:8s} {a['objects_pulled']:8d} "
-              f"{a['bytes_pulled'] / 2**20:11.1f} {a['leases_active']:7d} {a['pinned_bytes'] / 2**20:11.1f} "
-              f"{a['pulls_failed']:7d}")
+        auth = "+".join(x for x, on in (("token", a.get("token_auth")), ("tls", a.get("tls"))) if on) or "none"
+        print(f"{node[:12]:14s} {a['address']:22s} {a['provider']:14s} {a['domain']:8s} {a.get('exposure', '?'):8s} "
+              f"{auth:9s} {a['objects_pulled']:8d} {a['bytes_pulled'] / 2**20:11.1f} {a['leases_active']:7d} "
+              f"{a['pinned_bytes'] / 2**20:11.1f} {a['pulls_failed']:7d}")
 
 
 def main(argv=None):

@@ -69,6 +69,9 @@ def test_start_status_get_stop(ray_start_cluster):
                                           for a in st["agents"].values()), st
     table = run(PY, "-m", "rayfabric", "status", "--address", address).stdout
     assert "tcp;ofi_rxm" in table
+    # tcp's default exposure (a key per lease); this cluster's control plane as `ray start` set it.
+    assert all(a["exposure"] == "object" for a in st["agents"].values()), st
+    assert "exposure" in table and " object " in table
     got = run(PY, "-c", DRIVER, address)
     pulled = next(l for l in got.stdout.splitlines() if l.startswith("PULLED")).split()
     assert pulled[1] == "1" and int(pulled[2]) >= 32 << 20 and pulled[3] == "0", got.stdout
