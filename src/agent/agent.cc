@@ -45,6 +45,35 @@ void SetError(v1::PullResult& r, const Status& s) {
 // The margin a reader asks for beyond its own deadline, and (at most) how close to its lease's end
 // a read may still start.
 constexpr auto kLeaseMargin = std::chrono::seconds(2);
+// How often a pull looks whether its caller went away.
+constexpr auto kCancelPoll = std::chrono::milliseconds(100);
+
+// Runs one asynchronous unary call (`start` hands gRPC its completion callback) and waits for it,
+// cancelling it if the pull's caller goes away or its deadline passes.
+grpc::Status CancellableCall(grpc::ClientContext& context, const std::function<bool()>& cancelled,
+                             const std::function<void(std::function<void(grpc::Status)>)>& start) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status result;
+  start([&](grpc::Status s) {
+    std::lock_guard<std::mutex> lock(mu);
+    result = std::move(s);
+    done = true;
+    cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(mu);
+  bool sent_cancel = false;
+  while (!cv.wait_for(lock, kCancelPoll, [&] { return done; })) {
+    if (!sent_cancel && cancelled && cancelled()) {
+      sent_cancel = true;
+      lock.unlock();
+      context.TryCancel();  // gRPC may run the callback inline: not under our lock
+      lock.lock();
+    }
+  }
+  return result;
+}
 
 Status FromGrpc(const grpc::Status& s, const std::string& what) {
   switch (s.error_code()) {
@@ -552,7 +581,8 @@ void Agent::EndFailedReplica(PullJob& job, const StorePtr& store) {
   job.created = false;
 }
 
-v1::PullReply Agent::Pull(const v1::PullRequest& request, Clock::time_point caller_deadline) {
+v1::PullReply Agent::Pull(const v1::PullRequest& request, Clock::time_point caller_deadline,
+                          std::function<bool()> cancelled) {
   v1::PullReply reply;
   reply.set_provider(engine_->profile().provider);
   const auto deadline = std::min(
@@ -587,7 +617,7 @@ v1::PullReply Agent::Pull(const v1::PullRequest& request, Clock::time_point call
     // AlreadyExists for what is (one store round trip per object saved).
     pending.push_back(&job);
   }
-  PullOnce(std::move(pending), deadline);
+  PullOnce(std::move(pending), PullBounds{deadline, std::move(cancelled)});
   for (const PullJob& job : jobs) {
     if (job.result->outcome() == v1::FAILED) {
       ++pulls_failed_;
@@ -607,7 +637,8 @@ bool Agent::AnsweredLocal(PullJob& job, plasma::PlasmaClient& store) {
   return true;
 }
 
-void Agent::PullOnce(std::vector<PullJob*> pending, Clock::time_point deadline) {
+void Agent::PullOnce(std::vector<PullJob*> pending, const PullBounds& bounds) {
+  const Clock::time_point deadline = bounds.deadline;
   while (!pending.empty()) {
     std::map<std::string, std::vector<PullJob*>> by_source;
     std::vector<PullJob*> waiting;
@@ -629,13 +660,13 @@ void Agent::PullOnce(std::vector<PullJob*> pending, Clock::time_point deadline) 
     for (auto it = by_source.begin(); it != by_source.end(); ++it) {
       if (it == by_source.begin()) continue;
       others.Add();
-      source_pool_.Submit([this, it, deadline, &others] {
-        PullFromSource(it->first, it->second, deadline);
+      source_pool_.Submit([this, it, &bounds, &others] {
+        PullFromSource(it->first, it->second, bounds);
         others.Done();
       });
     }
     if (!by_source.empty()) {
-      PullFromSource(by_source.begin()->first, by_source.begin()->second, deadline);
+      PullFromSource(by_source.begin()->first, by_source.begin()->second, bounds);
     }
     others.Wait();
     {
@@ -650,10 +681,15 @@ void Agent::PullOnce(std::vector<PullJob*> pending, Clock::time_point deadline) 
     std::vector<bool> still_in_flight(waiting.size());
     {
       std::unique_lock<std::mutex> lock(in_flight_mu_);
-      in_flight_cv_.wait_until(lock, deadline, [&] {
+      auto none_in_flight = [&] {
         return std::none_of(waiting.begin(), waiting.end(),
                             [&](PullJob* job) { return in_flight_.count(job->id) > 0; });
-      });
+      };
+      // In steps, so that a caller that went away is noticed.
+      while (!none_in_flight() && Clock::now() < deadline && !bounds.Cancelled()) {
+        in_flight_cv_.wait_until(lock, std::min(deadline, Clock::now() + kCancelPoll),
+                                 none_in_flight);
+      }
       for (size_t i = 0; i < waiting.size(); ++i) {
         still_in_flight[i] = in_flight_.count(waiting[i]->id) > 0;
       }
@@ -679,7 +715,8 @@ void Agent::PullOnce(std::vector<PullJob*> pending, Clock::time_point deadline) 
 }
 
 void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
-                           Clock::time_point deadline) {
+                           const PullBounds& bounds) {
+  const Clock::time_point deadline = bounds.deadline;
   // This connection creates, seals or aborts every replica of this source's objects, and stays
   // open while any of their reads may land (see StorePtr).
   const StorePtr store = PullStore();
@@ -701,7 +738,11 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
   // Lease expiries are counted from before the request left: by our clock they end no later than
   // by the source's.
   const Clock::time_point asked_at = Clock::now();
-  grpc::Status rpc = stub->LeaseObjects(&lease_ctx, lease_request, &lease_reply);
+  grpc::Status rpc = CancellableCall(
+      lease_ctx, [&bounds] { return bounds.Cancelled(); },
+      [&](std::function<void(grpc::Status)> done) {
+        stub->async()->LeaseObjects(&lease_ctx, &lease_request, &lease_reply, std::move(done));
+      });
   Status leased_status =
       rpc.ok() ? Status::OK() : FromGrpc(rpc, "leasing from the agent at " + source);
   if (leased_status.ok() && lease_reply.leases_size() != static_cast<int>(jobs.size())) {
@@ -768,6 +809,10 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
     for (; next < jobs.size() && wave.size() < kWaveObjects && wave_bytes < kWaveBytes; ++next) {
       PullJob& job = *jobs[next];
       if (!job.leased || job.result->outcome() == v1::FAILED) continue;
+      if (bounds.Cancelled()) {
+        SetError(*job.result, Aborted("the caller cancelled the pull"));
+        continue;
+      }
       // A read is not started close to its lease's end (the seal would be refused anyway if it
       // finished after it): within 2 s, or a quarter of a shorter lease.
       const auto margin = std::min<Clock::duration>(
@@ -845,8 +890,19 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
       wave_bytes += bytes;
     }
     for (PullJob* job : wave) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      Status s = job->transfer.Wait(std::max(left, std::chrono::milliseconds(1)));
+      // In steps, so that a caller that went away is noticed (its reads are then cut off).
+      Status s;
+      for (;;) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        s = job->transfer.Wait(std::clamp(left, std::chrono::milliseconds(1),
+                                          std::chrono::duration_cast<std::chrono::milliseconds>(
+                                              kCancelPoll)));
+        if (job->transfer.Done() || Clock::now() >= deadline) break;
+        if (bounds.Cancelled()) {
+          s = Aborted("the caller cancelled the pull");
+          break;
+        }
+      }
       if (s.ok() && Clock::now() >= job->lease_expires) {
         // The read finished, but maybe after the source unpinned the object: its bytes may be
         // another object's. Never seal them.

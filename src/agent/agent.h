@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -54,10 +55,13 @@ class Agent {
   // `requester`: who asks (the peer's host, from the connection), for the per-requester bound.
   v1::LeaseReply Lease(const v1::LeaseRequest& request, const std::string& requester);
   v1::ReleaseReply Release(const v1::ReleaseRequest& request);
-  // `deadline`: the caller's own (gRPC) deadline, if earlier than the request's timeout_ms.
+  // `deadline`: the caller's own (gRPC) deadline, if earlier than the request's timeout_ms;
+  // `cancelled`: true once the caller went away (the pull then stops at its next step and cuts
+  // its reads off).
   v1::PullReply Pull(const v1::PullRequest& request,
                      std::chrono::steady_clock::time_point deadline =
-                         std::chrono::steady_clock::time_point::max());
+                         std::chrono::steady_clock::time_point::max(),
+                     std::function<bool()> cancelled = nullptr);
   v1::StatusReply GetStatus() const;
 
   void CountRejectedRequest() { ++requests_rejected_; }
@@ -98,8 +102,14 @@ class Agent {
   // Unpins a leased object, on the connection it was pinned on if that one still lives.
   void Unpin(const LeasedObject& object);
   void RefuseLease(v1::Lease& lease, const Status& why);
+  // What bounds one Pull: its deadline, and whether its caller went away.
+  struct PullBounds {
+    std::chrono::steady_clock::time_point deadline;
+    std::function<bool()> cancelled;  // may be empty
+    bool Cancelled() const { return cancelled && cancelled(); }
+  };
   void PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
-                      std::chrono::steady_clock::time_point deadline);
+                      const PullBounds& bounds);
   // Ends a replica whose read did not succeed: aborted once nothing of the read can land any
   // more; if the engine could not drain it, kept unsealed (out of the store's reuse) until it
   // has, then aborted by the sweeper.
@@ -108,7 +118,7 @@ class Agent {
   void ReapAbandonedCreates();
   // Pulls `pending`, each object once: one already being pulled by a concurrent Pull is waited
   // for (the replica can be created only once), then found local, or pulled here if that failed.
-  void PullOnce(std::vector<PullJob*> pending, std::chrono::steady_clock::time_point deadline);
+  void PullOnce(std::vector<PullJob*> pending, const PullBounds& bounds);
   // ALREADY_LOCAL when the object is sealed in this node's store (asked only when a pull cannot
   // go on: a lease refused or a Create that found the object).
   bool AnsweredLocal(PullJob& job, plasma::PlasmaClient& store);

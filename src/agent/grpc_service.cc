@@ -118,7 +118,7 @@ grpc::Status AgentService::Pull(grpc::ServerContext* context, const v1::PullRequ
                         "Pull needs 1.." + std::to_string(kMaxItemsPerRequest) + " items, got " +
                             std::to_string(request->items_size()));
   }
-  *reply = agent_->Pull(*request, DeadlineOf(context));
+  *reply = agent_->Pull(*request, DeadlineOf(context), [context] { return context->IsCancelled(); });
   return grpc::Status::OK;
 }
 

@@ -368,6 +368,33 @@ def test_pull_behind_a_stuck_pull_of_the_same_object(cluster):
     assert wait_idle() == {}
 
 
+def test_a_cancelled_pull_lets_go_at_once(cluster):
+    """A caller that goes away (cancels its Pull) ends the agent's work on it: the object that Pull
+    was bringing in (from a source that hangs) is free for the next Pull within a moment, not
+    after the hung lease call's own bound (10 s). Without it the next Pull stands aside."""
+    ref = ray.put(make_value("numpy", 2 * MiB, 83))  # on n0
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(16)
+    stuck = pull_item(ref, f"127.0.0.1:{hung.getsockname()[1]}")
+    real = pull_item(ref, cluster["records"][cluster["nodes"]["n0"]]["address"])
+    c = client_of(cluster, "n1", local=True)
+    try:
+        future = c._pull.future(pb.PullRequest(protocol_version=pb.PROTOCOL_V2, items=[stuck], timeout_ms=30000),
+                                timeout=40)
+        time.sleep(0.5)  # the agent has claimed the object and waits on the hung source
+        assert future.cancel()
+        t0 = time.monotonic()
+        result = c.pull([real], 5).results[0]
+        took = time.monotonic() - t0
+    finally:
+        hung.close()
+    assert result.outcome == pb.PULLED, result
+    assert took < 4, f"the cancelled Pull held the object for {took:.1f} s"
+    del ref
+    assert wait_idle() == {}
+
+
 def test_pull_of_an_object_already_here(cluster):
     """The agent does not ask its store before leasing (callers send what is not local): an object
     that is local after all is answered ALREADY_LOCAL when the Create finds it, and also when the
