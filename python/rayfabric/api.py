@@ -131,6 +131,10 @@ def _pull(refs, timeout):
     agents = _agent_records()
     here = ray.get_runtime_context().get_node_id()
     local = agents.get(here) or _agent_records(refresh=True).get(here)
+    if local is not None and not local.get("local_socket"):
+        _fallback(f"the agent on this node ({here[:12]}) publishes no local socket (an older rayfabricd?): "
+                  "restart it with `rayfabric stop && rayfabric start`", len(ready))
+        return
     if local is None:
         _fallback(f"no rayfabric agent on this node ({here[:12]}): rayfabric.init() or `rayfabric start`",
                   len(ready))

@@ -250,14 +250,17 @@ Agent::~Agent() {
   sweep_cv_.notify_all();
   sweeper_.join();
   for (const LeasedObject& o : leases_.TakeAll()) Unpin(o);
-  // The store connections go while everything their unmap callbacks touch is still alive (the
-  // registrations are dropped before each mapping goes).
+  // The fabric endpoint closes first (no read can land any more, quarantined ones included);
+  // then the store connections go (the store aborts what is unsealed), while everything their
+  // unmap callbacks touch is still alive.
+  engine_.reset();
   {
     std::lock_guard<std::mutex> lock(quarantine_mu_);
     quarantine_.clear();
   }
   {
     std::lock_guard<std::mutex> lock(stores_mu_);
+    retired_serve_.clear();
     serve_store_.reset();
     pull_store_.reset();
   }
@@ -281,22 +284,15 @@ Agent::StorePtr Agent::ServeStore(uint64_t* generation) {
   if (!serve_store_->healthy()) {
     auto fresh = ConnectStore();
     if (fresh.ok()) {
-      // The pins of every lease died with the old connection (once it closes): revoke the leases,
-      // and drop its registrations first, so that no reader can use their keys on memory the
-      // store may hand out again.
+      // The old connection holds the pins of the leases granted on it: it is retired, not closed,
+      // and stays open (so its pins stay) until none of its leases is left and nobody uses it
+      // (SweepRetiredStores). Readers of those leases go on safely until their TTL.
       StorePtr old = std::exchange(serve_store_, *fresh);
+      retired_serve_.push_back({serve_generation_, std::move(old)});
       ++serve_generation_;
       ++store_reconnects_;
-      const std::vector<LeasedObject> gone = leases_.TakeAll();
-      for (const LeasedObject& o : gone) DropLeaseRegion(o.lease_id);
-      const size_t revoked = gone.size();
-      leases_revoked_ += revoked;
-      {
-        std::lock_guard<std::mutex> regions_lock(regions_mu_);
-        for (const plasma::SegmentInfo& segment : old->Segments()) regions_.erase(segment.base);
-      }
-      RF_LOG(kWarn, "serving store connection replaced after an error; " << revoked
-                                                                         << " leases revoked");
+      RF_LOG(kWarn, "serving store connection replaced after an error; the old one is kept open "
+                    "until its leases end");
     } else {
       RF_LOG(kWarn, "reconnecting to the store failed: " << fresh.status());
     }
@@ -321,6 +317,24 @@ Agent::StorePtr Agent::PullStore() {
   return pull_store_;
 }
 
+void Agent::SweepRetiredStores() {
+  std::vector<StorePtr> closing;
+  {
+    std::lock_guard<std::mutex> lock(stores_mu_);
+    for (auto it = retired_serve_.begin(); it != retired_serve_.end();) {
+      // Nobody else holds it (a lease batch granting on it would) and no lease of it is left.
+      if (it->second.use_count() == 1 && !leases_.HoldsGeneration(it->first)) {
+        closing.push_back(std::move(it->second));
+        it = retired_serve_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  // Closed outside the lock (the store then drops that connection's pins).
+  if (!closing.empty()) RF_LOG(kInfo, closing.size() << " retired store connection(s) closed");
+}
+
 void Agent::DropLeaseRegion(uint64_t lease_id) {
   std::shared_ptr<fabric::MemoryRegion> region;
   {
@@ -339,7 +353,8 @@ void Agent::Unpin(const LeasedObject& object) {
   DropLeaseRegion(object.lease_id);
   uint64_t generation = 0;
   StorePtr store = ServeStore(&generation);
-  // A lease of an older connection: its pin went with that connection.
+  // A lease of a retired (broken) connection: its pin goes when that connection is closed, once
+  // none of its leases is left (SweepRetiredStores).
   if (object.store_generation == generation) (void)store->Release(object.object);
 }
 
@@ -353,7 +368,11 @@ Result<std::shared_ptr<fabric::MemoryRegion>> Agent::RegionFor(uint8_t* base, si
   // write.
   const uint32_t access = exposure_ == Exposure::kArena ? fabric::kLocalRead | fabric::kRemoteRead
                                                        : fabric::kLocalRead;
-  RF_ASSIGN_OR_RETURN(auto region, engine_->Register(base, size, access));
+  // Private: this map is the cache, and it forgets a segment when it is unmapped; the engine's
+  // own cache could hand back a registration of memory unmapped since (a new segment mapped at
+  // the same address), still alive while a transfer holds it.
+  RF_ASSIGN_OR_RETURN(auto region,
+                      engine_->Register(base, size, access, fabric::Sharing::kPrivate));
   regions_[base] = Registered{region};
   return region;
 }
@@ -413,16 +432,18 @@ void Agent::GrantLease(v1::Lease& lease, const ObjectId& id, const plasma::Objec
     }
     region = *arena;
   }
+  // The lease and its region appear together: an expiry or revocation racing with this grant
+  // (DropLeaseRegion takes the same lock) always finds the region to drop.
+  std::unique_lock<std::mutex> regions_lock(lease_regions_mu_);
   auto grant = leases_.Grant(LeasedObject{id, bytes, requester, generation}, ttl);
   if (!grant.ok()) {
+    regions_lock.unlock();
     region.reset();
     (void)store.Release(id);
     return RefuseLease(lease, grant.status());
   }
-  if (exposure_ == Exposure::kObject) {
-    std::lock_guard<std::mutex> lock(lease_regions_mu_);
-    lease_regions_[grant->id] = region;
-  }
+  if (exposure_ == Exposure::kObject) lease_regions_[grant->id] = region;
+  regions_lock.unlock();
   ++leases_granted_;
   bytes_leased_ += bytes;
   lease.set_lease_id(grant->id);
@@ -527,6 +548,7 @@ void Agent::SweepLoop() {
     }
     SweepQuarantine();
     ReapAbandonedCreates();
+    SweepRetiredStores();
   }
 }
 
@@ -749,6 +771,16 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
     leased_status = ProtocolError("the agent at " + source + " answered " +
                                   std::to_string(lease_reply.leases_size()) + " leases for " +
                                   std::to_string(jobs.size()) + " objects");
+    // Whatever it granted is given back (it would count against this node's bound until its TTL).
+    v1::ReleaseRequest release;
+    release.set_protocol_version(kProtocolVersion);
+    for (const v1::Lease& lease : lease_reply.leases()) {
+      if (lease.error_code() != v1::ERROR_CODE_NONE || lease.lease_id() == 0) continue;
+      v1::LeaseRef* ref = release.add_leases();
+      ref->set_lease_id(lease.lease_id());
+      ref->set_token(lease.token());
+    }
+    if (release.leases_size() > 0) QueueRelease(source, std::move(release));
   }
   if (!leased_status.ok()) {
     for (PullJob* job : jobs) {
@@ -1003,7 +1035,6 @@ v1::StatusReply Agent::GetStatus() const {
   s.set_replicas_quarantined(replicas_quarantined_);
   s.set_endpoint_resets(stats.endpoint_resets);
   s.set_store_reconnects(store_reconnects_);
-  s.set_leases_revoked(leases_revoked_);
   s.set_abandoned_creates_aborted(abandoned_creates_aborted_);
   return s;
 }

@@ -135,6 +135,9 @@ class Agent {
   StorePtr serve_store_;
   StorePtr pull_store_;
   uint64_t serve_generation_ = 1;
+  // Broken serving connections kept open while leases granted on them (their pins) remain.
+  std::vector<std::pair<uint64_t, StorePtr>> retired_serve_;
+  void SweepRetiredStores();
   std::unique_ptr<fabric::Engine> engine_;
   LeaseTable leases_;
   PeerClients peers_;
@@ -172,7 +175,7 @@ class Agent {
       leases_expired_{0}, leases_refused_{0}, bytes_leased_{0}, requests_rejected_{0},
       requests_unauthenticated_{0}, pulls_refused_remote_{0}, leases_size_mismatch_{0},
       pulls_lease_expired_{0}, replicas_quarantined_{0}, store_reconnects_{0},
-      leases_revoked_{0}, abandoned_creates_aborted_{0};
+      abandoned_creates_aborted_{0};
   std::atomic<bool> populate_warned_{false};
 
   std::mutex sweep_mu_;

@@ -137,6 +137,14 @@ uint64_t LeaseTable::pinned_bytes_of(const std::string& requester) const {
   return it == bytes_by_requester_.end() ? 0 : it->second;
 }
 
+bool LeaseTable::HoldsGeneration(uint64_t store_generation) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, entry] : leases_) {
+    if (entry.object.store_generation == store_generation) return true;
+  }
+  return false;
+}
+
 bool LeaseTable::RecentlyExpired(uint64_t id) const {
   std::lock_guard<std::mutex> lock(mu_);
   return std::find(expired_ring_.begin(), expired_ring_.end(), id) != expired_ring_.end();

@@ -54,6 +54,8 @@ class LeaseTable {
   size_t active() const;
   uint64_t pinned_bytes() const;
   uint64_t pinned_bytes_of(const std::string& requester) const;
+  // True while a lease pinned on that store connection (generation) is active.
+  bool HoldsGeneration(uint64_t store_generation) const;
   // Lease expired ids are remembered (bounded) so that a late Release says "expired".
   bool RecentlyExpired(uint64_t id) const;
 

@@ -358,7 +358,9 @@ def test_a_source_frozen_mid_transfer_never_changes_a_byte(cluster):
     for attempt in range(4):
         ref = object_on("n1", size, 60 + attempt)
         resets_before = n0.status().endpoint_resets
-        pending = on("n0", fetch).remote([ref], 120)
+        # A 20 s get: the lease the frozen source granted lasts the pull's 20 s + 2 s, since the
+        # release sent while it is frozen is given up (the lease then expires there).
+        pending = on("n0", fetch).remote([ref], 20)
         deadline = time.time() + 60
         while time.time() < deadline and n1.status().leases_active == 0:
             time.sleep(0.002)
@@ -408,8 +410,9 @@ def raylet_pid(node_hex):
 @pytest.mark.skipif(MODE != "none", reason="runs on the plain cluster")
 def test_a_store_that_stopped_answering_is_reconnected(cluster):
     """The raylet of n1 stops answering (SIGSTOP) while its agent asks its store for a lease: that
-    connection breaks after store_timeout_ms, the leases pinned on it are revoked (their pins die
-    with it), and the agent connects again and serves, without a restart."""
+    connection breaks after store_timeout_ms and the agent connects again and serves, without a
+    restart. The broken connection stays open while a lease granted on it lives (its pin with it),
+    so its reader still reads the right bytes; released, it goes."""
     n1 = client(cluster, "n1")
     held = object_on("n1", 4 * MiB, 80)
     other = object_on("n1", 4 * MiB, 81)
@@ -424,19 +427,24 @@ def test_a_store_that_stopped_answering_is_reconnected(cluster):
         os.kill(pid, signal.SIGCONT)
     assert stuck.error_code != pb.ERROR_CODE_NONE, stuck
     assert "store" in stuck.error or "plasma" in stuck.error, stuck.error
-    # The next call reconnects; the lease pinned on the old connection is gone.
+    # The next call reconnects; the lease granted on the old connection still reads its object.
     again = n1.lease([other.binary()], ttl_ms=60000).leases[0]
     assert again.error_code == pb.ERROR_CODE_NONE, again
     after = n1.status()
     assert after.store_reconnects - before.store_reconnects >= 1
-    assert after.leases_revoked - before.leases_revoked >= 1
-    assert names(n1.release([(first.lease_id, first.token)]).error_codes) == ["NotFound"]
+    held_size = first.data_size + first.metadata_size
+    read = probe("read", n1.info().fabric_address.hex(), first.region.hex(), first.offset, held_size)
+    assert read.startswith("OK "), read
+    assert names(n1.release([(first.lease_id, first.token)]).error_codes) == [""]
     assert names(n1.release([(again.lease_id, again.token)]).error_codes) == [""]
     # And pulls from that node go on by the fabric.
     fresh = object_on("n1", 8 * MiB, 82)
     out = ray.get(on("n0", fetch).remote([fresh]))
     assert out["pulled"] == 1 and out["digests"] == [expected_digest(8 * MiB, 82)], out
-    assert n1.status().leases_active == 0 or time.sleep(2) or n1.status().leases_active == 0
+    deadline = time.time() + 30
+    while n1.status().leases_active and time.time() < deadline:
+        time.sleep(0.2)
+    assert n1.status().leases_active == 0 and n1.status().pinned_bytes == 0
 
 
 @pytest.mark.skipif(MODE != "none", reason="the data-path attacks run on the plain cluster")
