@@ -55,7 +55,8 @@ const std::vector<ConfigEntry>& ConfigTable() {
        "cannot pin the whole store."},
       {"store_timeout_ms", "RAYFABRIC_STORE_TIMEOUT_MS", "30000",
        "agent: a plasma store that does not answer a request for this long breaks that "
-       "connection; the agent replaces it (and revokes the leases pinned on it)."},
+       "connection; the agent replaces it (a serving one stays open while leases granted on it "
+       "live, so their pins do)."},
       {"create_timeout_ms", "RAYFABRIC_CREATE_TIMEOUT_MS", "10000",
        "agent: how long a pull waits for room in a full local store before it gives up (and the "
        "caller falls back to Ray's path)."},
