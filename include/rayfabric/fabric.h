@@ -33,6 +33,10 @@ struct ProviderProfile {
   size_t max_msg_size = 0;
   size_t rma_iov_limit = 1;
   bool manual_progress = true;  // the target must drive progress for one-sided ops to finish
+  // Bytes of a posted operation can land without this process driving progress: hardware RDMA
+  // (the NIC writes read responses into memory) or a provider with its own progress thread
+  // (sockets). False for tcp and net: then an endpoint nobody polls moves nothing.
+  bool bytes_move_without_progress = false;
   bool thread_safe = false;
 
   // Key lifetime, decided once from the provider's name and the user's FI_* variables (read,

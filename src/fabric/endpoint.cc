@@ -126,7 +126,18 @@ void EngineCore::ResetEndpointLocked(const std::string& why) {
                                                   << active_.size()
                                                   << " transfers in flight fail; peers reconnect");
   const std::string old_address = AddressLocked();
-  eps_.Close();
+  if (profile_.bytes_move_without_progress) {
+    eps_.Close();
+  } else {
+    // On a software provider with manual progress (tcp, net) nothing moves a byte unless this
+    // process drives that endpoint's progress, which it never does again: abandoning the set
+    // cuts its transfers off as surely as closing it. Closing is what we must not do there:
+    // libfabric 1.17's tcp provider crashes (SIGSEGV) when an endpoint is closed while a read
+    // response is half received (an rx entry freed twice; fixed upstream in 1.18), which is
+    // exactly the state a frozen peer leaves it in. Seen in 8 of 12 runs of the frozen-peer test.
+    eps_.Abandon();
+    ++abandoned_endpoints_;
+  }
   ++endpoint_generation_;
   ++resets_;
   for (auto& t : active_) {

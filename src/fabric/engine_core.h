@@ -98,6 +98,12 @@ struct EndpointSet {
     cq.reset();
     cq_fd = -1;
   }
+  void Abandon() {  // never closed, never used again (see ResetEndpointLocked)
+    (void)ep.release();
+    (void)av.release();
+    (void)cq.release();
+    cq_fd = -1;
+  }
 };
 
 class EngineCore : public std::enable_shared_from_this<EngineCore> {
@@ -149,6 +155,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   Fid<struct fid_domain> domain_;
   EndpointSet eps_;
   uint64_t endpoint_generation_ = 0;
+  size_t abandoned_endpoints_ = 0;
   bool can_reset_ = true;  // false where registrations are bound to the endpoint (FI_MR_ENDPOINT)
   bool remote_write_ = false;
   int wake_fd_ = -1;  // eventfd that wakes the progress thread (new work, shutdown)

@@ -34,6 +34,9 @@ class Fid {
     if (p_ != nullptr) fi_close(&p_->fid);
     p_ = nullptr;
   }
+  // Gives up ownership without closing (an object that must never be closed, see
+  // EngineCore::ResetEndpointLocked).
+  T* release() { return std::exchange(p_, nullptr); }
   explicit operator bool() const { return p_ != nullptr; }
 
  private:

@@ -198,6 +198,12 @@ ProviderProfile ProfileFromInfo(const struct fi_info* info) {
   p.max_msg_size = info->ep_attr->max_msg_size;
   p.rma_iov_limit = info->tx_attr->rma_iov_limit;
   p.manual_progress = info->domain_attr->data_progress != FI_PROGRESS_AUTO;
+  // Known to move nothing without this process's progress calls: libfabric 1.17's tcp and net
+  // (no progress thread of their own: tcpx_progress runs inside CQ reads and endpoint calls) under
+  // ofi_rxm or alone. Everything else, unknown providers included, is assumed to move bytes by
+  // itself (hardware RDMA, or a provider thread like sockets').
+  const std::string core = p.provider.substr(0, p.provider.find(';'));
+  p.bytes_move_without_progress = !((core == "tcp" || core == "net") && p.manual_progress);
   p.thread_safe = info->domain_attr->threading == FI_THREAD_SAFE;
   DecideKeyLifetime(p);
   return p;
@@ -324,7 +330,8 @@ std::string ProviderReport::ToString() const {
      << (p.prov_key ? " FI_MR_PROV_KEY" : "") << (p.endpoint_mr ? " FI_MR_ENDPOINT" : "")
      << (p.raw_key ? " FI_MR_RAW" : "") << " key_size=" << p.key_size
      << " max_msg_size=" << p.max_msg_size << " rma_iov_limit=" << p.rma_iov_limit
-     << " progress=" << (p.manual_progress ? "manual" : "auto") << "\n";
+     << " progress=" << (p.manual_progress ? "manual" : "auto")
+     << " cut=" << (p.bytes_move_without_progress ? "close" : "abandon") << "\n";
   os << "  keys: checked=" << (p.checks_remote_keys ? "yes" : "NO")
      << " mr_cache=" << (p.mr_cache ? "yes" : "no")
      << " deregistration_revokes_keys=" << (p.deregistration_revokes_keys ? "yes" : "NO") << " ("
