@@ -250,6 +250,23 @@ class Consumer:
                 "phases": phases, "hash_s": hash_s, "pid": os.getpid()}
 
 
+def raylet_pid(match):
+    """The pid of this host's raylet process one of whose arguments contains `match` (bytes: its
+    store socket, or b"--node_id=<hex>"), from /proc; None if there is none."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if args and os.path.basename(args[0].decode(errors="replace")) == "raylet" and \
+                any(match in a for a in args):
+            return int(entry)
+    return None
+
+
 @ray.remote(num_cpus=0)
 class Probe:
     """CPU times of its node's processes (works when the nodes are different hosts)."""
@@ -257,19 +274,7 @@ class Probe:
     def __init__(self):
         node = ray.get_runtime_context().get_node_id()
         sock = next(n["ObjectStoreSocketName"] for n in ray.nodes() if n["NodeID"] == node)
-        self.raylet = None
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    args = f.read().split(b"\0")
-            except OSError:
-                continue
-            if args and os.path.basename(args[0].decode(errors="replace")) == "raylet" and \
-                    any(sock.encode() in a for a in args):
-                self.raylet = int(entry)
-                break
+        self.raylet = raylet_pid(sock.encode())
 
     def raylet_pid(self):
         return self.raylet

@@ -75,6 +75,16 @@ grpc::Status CancellableCall(grpc::ClientContext& context, const std::function<b
   return result;
 }
 
+// A connection to the node's store, as every one of the agent's is made (store_timeout_ms is
+// checked by Agent::Open before the first).
+Result<std::shared_ptr<plasma::PlasmaClient>> ConnectToStore(const AgentOptions& options) {
+  plasma::ConnectOptions connect;
+  connect.ray_version = options.ray_version;
+  connect.request_timeout_ms = options.config.GetInt("store_timeout_ms").value();
+  RF_ASSIGN_OR_RETURN(auto store, plasma::PlasmaClient::Connect(options.plasma_socket, connect));
+  return std::shared_ptr<plasma::PlasmaClient>(std::move(store));
+}
+
 Status FromGrpc(const grpc::Status& s, const std::string& what) {
   switch (s.error_code()) {
     case grpc::StatusCode::UNAVAILABLE:
@@ -123,13 +133,8 @@ Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options) {
     if (v <= 0)
       return InvalidArgument(std::string(name) + " must be > 0, got " + std::to_string(v));
   }
-  plasma::ConnectOptions connect;
-  connect.ray_version = options.ray_version;
-  RF_ASSIGN_OR_RETURN(connect.request_timeout_ms, options.config.GetInt("store_timeout_ms"));
-  RF_ASSIGN_OR_RETURN(StorePtr serve_store,
-                      plasma::PlasmaClient::Connect(options.plasma_socket, connect));
-  RF_ASSIGN_OR_RETURN(StorePtr pull_store,
-                      plasma::PlasmaClient::Connect(options.plasma_socket, connect));
+  RF_ASSIGN_OR_RETURN(StorePtr serve_store, ConnectToStore(options));
+  RF_ASSIGN_OR_RETURN(StorePtr pull_store, ConnectToStore(options));
   // One host may pin at most this much of the store under leases.
   const std::string per_peer = options.config.GetString("max_lease_bytes_per_peer");
   uint64_t max_lease_bytes_per_peer = 0;
@@ -169,14 +174,13 @@ Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options) {
   }
   // What a lease exposes: the default follows what a registration costs on this provider.
   const std::string exposure = options.config.GetString("exposure");
-  bool object_exposure = false;
-  if (exposure == "object") {
-    object_exposure = true;
-  } else if (exposure == "auto") {
-    object_exposure = !profile.rdma;
-  } else if (exposure != "arena") {
+  Exposure chosen = Exposure::kArena;
+  if (exposure == "object" || (exposure == "auto" && !profile.rdma)) {
+    chosen = Exposure::kObject;
+  } else if (exposure != "arena" && exposure != "auto") {
     return InvalidArgument("exposure='" + exposure + "': use object, arena or auto");
   }
+  const bool object_exposure = chosen == Exposure::kObject;
   if (object_exposure && !profile.deregistration_revokes_keys) {
     RF_LOG(kWarn, "exposure=object on " << profile.provider << ": a lease's key may outlive its "
                                         << "release (" << profile.key_lifetime << ")");
@@ -186,7 +190,7 @@ Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options) {
                              << (exposure == "auto" ? " (auto, from the provider)" : ""));
   return std::unique_ptr<Agent>(new Agent(std::move(options), std::move(serve_store),
                                           std::move(pull_store), std::move(engine),
-                                          max_lease_bytes_per_peer, object_exposure));
+                                          max_lease_bytes_per_peer, chosen));
 }
 
 struct Agent::PendingRelease {
@@ -198,11 +202,12 @@ struct Agent::PendingRelease {
 
 Agent::Agent(AgentOptions options, StorePtr serve_store, StorePtr pull_store,
              std::unique_ptr<fabric::Engine> engine, uint64_t max_lease_bytes_per_peer,
-             bool object_exposure)
+             Exposure exposure)
     : options_(std::move(options)),
       serve_store_(std::move(serve_store)),
       pull_store_(std::move(pull_store)),
       engine_(std::move(engine)),
+      exposure_(exposure),
       leases_(static_cast<size_t>(options_.config.GetInt("max_leases").value()),
               max_lease_bytes_per_peer),
       peers_(options_.credentials),
@@ -211,10 +216,8 @@ Agent::Agent(AgentOptions options, StorePtr serve_store, StorePtr pull_store,
       create_timeout_ms_(options_.config.GetInt("create_timeout_ms").value()),
       op_timeout_ms_(options_.config.GetInt("op_timeout_ms").value()),
       drain_timeout_ms_(options_.config.GetInt("drain_timeout_ms").value()) {
-  exposure_ = object_exposure ? Exposure::kObject : Exposure::kArena;
-  auto on_unmapped = [this](const plasma::SegmentInfo& s) { OnSegmentUnmapped(s); };
-  serve_store_->SetSegmentCallbacks(nullptr, on_unmapped);
-  pull_store_->SetSegmentCallbacks(nullptr, on_unmapped);
+  WatchSegments(*serve_store_);
+  WatchSegments(*pull_store_);
   sweeper_ = std::thread([this] { SweepLoop(); });
 }
 
@@ -268,14 +271,14 @@ Agent::~Agent() {
   regions_.clear();
 }
 
+void Agent::WatchSegments(plasma::PlasmaClient& store) {
+  store.SetSegmentCallbacks(nullptr,
+                            [this](const plasma::SegmentInfo& s) { OnSegmentUnmapped(s); });
+}
+
 Result<Agent::StorePtr> Agent::ConnectStore() {
-  plasma::ConnectOptions connect;
-  connect.ray_version = options_.ray_version;
-  connect.request_timeout_ms = options_.config.GetInt("store_timeout_ms").value();
-  RF_ASSIGN_OR_RETURN(StorePtr store,
-                      plasma::PlasmaClient::Connect(options_.plasma_socket, connect));
-  store->SetSegmentCallbacks(nullptr,
-                             [this](const plasma::SegmentInfo& s) { OnSegmentUnmapped(s); });
+  RF_ASSIGN_OR_RETURN(StorePtr store, ConnectToStore(options_));
+  WatchSegments(*store);
   return store;
 }
 

@@ -77,17 +77,21 @@ class Agent {
   // flight on it: a broken connection is replaced at once, but closed (and the store aborts its
   // unsealed replicas) only when the last user is done, never while a read may still land.
   using StorePtr = std::shared_ptr<plasma::PlasmaClient>;
+  // What a lease exposes (config "exposure"): the whole arena, or the leased object's bytes only
+  // through a registration of its own, held in lease_regions_ by lease id until the lease ends.
+  enum class Exposure { kArena, kObject };
 
   Agent(AgentOptions options, StorePtr serve_store, StorePtr pull_store,
         std::unique_ptr<fabric::Engine> engine, uint64_t max_lease_bytes_per_peer,
-        bool object_exposure);
+        Exposure exposure);
 
   // The current connection for serving (leases) / pulling (replicas); a broken one is replaced
-  // first (ReconnectLocked). The serve store's generation numbers its connections: leases pinned
-  // on an older one died with it.
+  // first. The serve store's generation numbers its connections: a lease pinned on an older
+  // (retired) one is unpinned when that connection closes.
   StorePtr ServeStore(uint64_t* generation = nullptr);
   StorePtr PullStore();
   Result<StorePtr> ConnectStore();
+  void WatchSegments(plasma::PlasmaClient& store);  // unmapped segments drop their registration
 
   // The registered region covering a mapped store segment (registered once, dropped on unmap).
   Result<std::shared_ptr<fabric::MemoryRegion>> RegionFor(uint8_t* segment_base,
@@ -139,12 +143,9 @@ class Agent {
   std::vector<std::pair<uint64_t, StorePtr>> retired_serve_;
   void SweepRetiredStores();
   std::unique_ptr<fabric::Engine> engine_;
+  const Exposure exposure_;
   LeaseTable leases_;
   PeerClients peers_;
-  // What a lease exposes (config "exposure"): the whole arena, or the leased object's bytes only
-  // through a registration of its own, held here by lease id until the lease ends.
-  enum class Exposure { kArena, kObject };
-  Exposure exposure_ = Exposure::kArena;
   std::mutex lease_regions_mu_;
   std::map<uint64_t, std::shared_ptr<fabric::MemoryRegion>> lease_regions_;
   void DropLeaseRegion(uint64_t lease_id);

@@ -23,6 +23,8 @@ from rayfabric import _agents
 from rayfabric import agent_pb2 as pb
 from rayfabric._client import AgentClient, error_name
 
+from agent_front import AgentFront
+
 PROVIDERS = [p for p in os.environ.get("RAYFABRIC_TEST_PROVIDERS", "tcp;ofi_rxm,sockets").split(",") if p]
 MiB = 1 << 20
 SMALL_STORE = 400 * MiB
@@ -438,41 +440,30 @@ def test_lease_request_mixing_good_bad_missing_and_repeated_ids(cluster):
     assert wait_idle() == {}
 
 
-class _SourceThatStopsAnsweringReleases:
-    """Fault injection: a gRPC front for a real agent that forwards everything (so leases are real
-    and the fabric reads succeed) but holds every ReleaseLeases until `gate` is set, as a source
+class _SourceThatStopsAnsweringReleases(AgentFront):
+    """A real agent behind a front that holds every ReleaseLeases until `gate` is set, as a source
     whose host stopped answering would. Records the leases it handed out."""
 
     def __init__(self, target):
-        import grpc
-        self.target = AgentClient(target)
         self.gate = threading.Event()
         self.releases_held = 0
         self.lock = threading.Lock()
         self.granted = []
-        self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(8))
-        self.server.add_generic_rpc_handlers((self,))
-        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
-        self.server.start()
+        super().__init__(target)
 
-    def service(self, details):  # grpc.GenericRpcHandler
-        import grpc
-        method = details.method.rsplit("/", 1)[1]
-
-        def forward(payload, context):
-            if method == "ReleaseLeases":
-                with self.lock:
-                    self.releases_held += 1
-                self.gate.wait(60)
-            reply = self.target.raw_call(method, payload)
-            if method == "LeaseObjects":
-                self.granted += [(g.lease_id, g.token) for g in pb.LeaseReply.FromString(reply).leases]
-            return reply
-        return grpc.unary_unary_rpc_method_handler(forward)
+    def forward(self, method, payload):
+        if method == "ReleaseLeases":
+            with self.lock:
+                self.releases_held += 1
+            self.gate.wait(60)
+        reply = super().forward(method, payload)
+        if method == "LeaseObjects":
+            self.granted += [(g.lease_id, g.token) for g in pb.LeaseReply.FromString(reply).leases]
+        return reply
 
     def close(self):
         self.gate.set()
-        self.server.stop(grace=5).wait()
+        super().close(grace=5)
         # What the stopped agent could not release, released here: nothing stays pinned.
         return names(self.target.release(self.granted).error_codes)
 

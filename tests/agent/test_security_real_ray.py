@@ -9,14 +9,12 @@ once per process):
   token - RAY_AUTH_MODE=token: calls without the token or with a wrong one are refused;
   tls   - RAY_USE_TLS with a CA, certificates and client certificates, as Ray's TLS doc sets it up.
 """
-import concurrent.futures
 import hashlib
 import os
 import secrets
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 
 import grpc
@@ -26,9 +24,11 @@ import ray
 from ray.cluster_utils import Cluster
 
 import rayfabric
-from rayfabric import _agents
 from rayfabric import agent_pb2 as pb
 from rayfabric._client import AgentClient, error_name, make_channel
+from rayfabric.bench import raylet_pid
+
+from agent_front import AgentFront
 
 MODE = os.environ.get("RAYFABRIC_SECURITY_MODE", "none")
 MiB = 1 << 20
@@ -292,33 +292,22 @@ def test_forged_and_guessed_descriptors_read_nothing(cluster):
     assert probe("read", lease.fabric_address.hex(), bytes(forged).hex(), 0, 4096).startswith("FAIL ")
 
 
-class LyingSource:
-    """A gRPC front for a real agent that forwards every call but rewrites each lease's
-    metadata_size (a hostile or corrupt source describing an object of another size)."""
+class LyingSource(AgentFront):
+    """A real agent behind a front that rewrites each lease's metadata_size (a hostile or corrupt
+    source describing an object of another size)."""
 
     def __init__(self, target, extra_metadata=4096):
-        self.target = AgentClient(target)
         self.extra = extra_metadata
-        self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(4))
-        self.server.add_generic_rpc_handlers((self,))
-        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
-        self.server.start()
+        super().__init__(target, threads=4)
 
-    def service(self, details):  # grpc.GenericRpcHandler
-        method = details.method.rsplit("/", 1)[1]
-
-        def forward(payload, context):
-            reply = self.target.raw_call(method, payload)
-            if method == "LeaseObjects":
-                msg = pb.LeaseReply.FromString(reply)
-                for lease in msg.leases:
-                    lease.metadata_size += self.extra
-                reply = msg.SerializeToString()
-            return reply
-        return grpc.unary_unary_rpc_method_handler(forward)
-
-    def close(self):
-        self.server.stop(grace=2).wait()
+    def forward(self, method, payload):
+        reply = super().forward(method, payload)
+        if method == "LeaseObjects":
+            msg = pb.LeaseReply.FromString(reply)
+            for lease in msg.leases:
+                lease.metadata_size += self.extra
+            reply = msg.SerializeToString()
+        return reply
 
 
 @pytest.mark.skipif(MODE != "none", reason="the data-path attacks run on the plain cluster")
@@ -402,20 +391,6 @@ def test_a_source_frozen_mid_transfer_never_changes_a_byte(cluster):
     assert out["pulled"] == 1 and out["digests"] == [expected_digest(16 * MiB, 70)], out
 
 
-def raylet_pid(node_hex):
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
-        if args and args[0].endswith(b"raylet") and f"--node_id={node_hex}".encode() in args:
-            return int(pid)
-    raise RuntimeError(f"no raylet for node {node_hex}")
-
-
 @pytest.mark.skipif(MODE != "none", reason="runs on the plain cluster")
 def test_a_store_that_stopped_answering_is_reconnected(cluster):
     """The raylet of n1 stops answering (SIGSTOP) while its agent asks its store for a lease: that
@@ -428,7 +403,8 @@ def test_a_store_that_stopped_answering_is_reconnected(cluster):
     first = n1.lease([held.binary()], ttl_ms=60000).leases[0]
     assert first.error_code == pb.ERROR_CODE_NONE
     before = n1.status()
-    pid = raylet_pid(cluster["nodes"]["n1"])
+    pid = raylet_pid(f"--node_id={cluster['nodes']['n1']}".encode())
+    assert pid, "no raylet process for n1"
     os.kill(pid, signal.SIGSTOP)
     try:
         stuck = n1.lease([other.binary()], ttl_ms=60000, timeout=30).leases[0]

@@ -69,6 +69,17 @@ Config TestConfig() {
   return c;
 }
 
+// An engine of the test's own with some settings changed (the shared one keeps the defaults);
+// null (with a test failure) if it cannot open.
+std::unique_ptr<Engine> OpenEngine(
+    std::initializer_list<std::pair<const char*, std::string>> settings) {
+  Config c = TestConfig();
+  for (const auto& [name, value] : settings) EXPECT_TRUE(c.Set(name, value).ok()) << name;
+  auto opened = Engine::Open(c);
+  EXPECT_TRUE(opened.ok()) << opened.status();
+  return opened.ok() ? std::move(*opened) : nullptr;
+}
+
 // One engine for the whole process, as an agent would have.
 Engine& SharedEngine() {
   static std::unique_ptr<Engine> engine = [] {
@@ -345,14 +356,12 @@ TEST_F(FabricProcessTest, StaleKeyAfterDeregistrationFails) {
 TEST_F(FabricProcessTest, PeerKilledMidTransferFailsWithinBound) {
   // Its own engine: a short op timeout, small chunks and one op in flight so the transfer is
   // still running when the peer dies.
-  Config c = TestConfig();
-  ASSERT_TRUE(c.Set("op_timeout_ms", "4000").ok());
-  ASSERT_TRUE(c.Set("drain_timeout_ms", "1000").ok());
-  ASSERT_TRUE(c.Set("chunk_size", "64K").ok());
-  ASSERT_TRUE(c.Set("max_inflight", "1").ok());
-  auto opened = Engine::Open(c);
-  ASSERT_TRUE(opened.ok()) << opened.status();
-  Engine& e = **opened;
+  auto engine = OpenEngine({{"op_timeout_ms", "4000"},
+                            {"drain_timeout_ms", "1000"},
+                            {"chunk_size", "64K"},
+                            {"max_inflight", "1"}});
+  ASSERT_TRUE(engine);
+  Engine& e = *engine;
   const uint64_t kSize = std::min<uint64_t>(MaxBytes(), 256ULL << 20);
   auto victim = StartPeer(kSize, 11);
   auto survivor = StartPeer(1 << 20, 12);
@@ -460,9 +469,8 @@ TEST_F(FabricProcessTest, GuessedKeysReadNothing) {
   auto ready = [&]() -> bool {
     for (int round = 0; round < 3; ++round) {
       if (!e) {
-        auto opened = Engine::Open(TestConfig());
-        if (!opened.ok()) return false;
-        e = std::move(*opened);
+        e = OpenEngine({});
+        if (!e) return false;
         ++fresh_endpoints;
         auto added = e->AddPeer(peer->address());
         auto registered = e->Register(local.data(), local.size());
@@ -512,14 +520,12 @@ TEST_F(FabricProcessTest, GuessedKeysReadNothing) {
 // is reported nothing of it can land any more: the buffer is reused (filled with a sentinel), the
 // source resumes, and not one byte changes.
 TEST_F(FabricProcessTest, FrozenPeerNeverWritesAfterTheFailureIsReported) {
-  Config c = TestConfig();
-  ASSERT_TRUE(c.Set("op_timeout_ms", Ms(1500)).ok());
-  ASSERT_TRUE(c.Set("drain_timeout_ms", Ms(1000)).ok());
-  ASSERT_TRUE(c.Set("chunk_size", "1M").ok());
-  ASSERT_TRUE(c.Set("max_inflight", "8").ok());
-  auto opened = Engine::Open(c);
-  ASSERT_TRUE(opened.ok()) << opened.status();
-  Engine& e = **opened;
+  auto engine = OpenEngine({{"op_timeout_ms", Ms(1500)},
+                            {"drain_timeout_ms", Ms(1000)},
+                            {"chunk_size", "1M"},
+                            {"max_inflight", "8"}});
+  ASSERT_TRUE(engine);
+  Engine& e = *engine;
   const uint64_t kSize = std::min<uint64_t>(MaxBytes(), 512ULL << 20);
   auto frozen = StartPeer(kSize, 31, /*read_only=*/true);
   auto survivor = StartPeer(1 << 20, 32, /*read_only=*/true);
@@ -605,13 +611,9 @@ TEST_F(FabricProcessTest, CancelReturnsOnlyWhenDrained) {
 // op_timeout_ms bounds the time without progress, not the whole transfer: a transfer far longer
 // than it that keeps completing operations finishes.
 TEST_F(FabricProcessTest, SlowTransferThatProgressesDoesNotTimeOut) {
-  Config c = TestConfig();
-  ASSERT_TRUE(c.Set("op_timeout_ms", Ms(150)).ok());
-  ASSERT_TRUE(c.Set("chunk_size", "4K").ok());
-  ASSERT_TRUE(c.Set("max_inflight", "1").ok());
-  auto opened = Engine::Open(c);
-  ASSERT_TRUE(opened.ok()) << opened.status();
-  Engine& e = **opened;
+  auto engine = OpenEngine({{"op_timeout_ms", Ms(150)}, {"chunk_size", "4K"}, {"max_inflight", "1"}});
+  ASSERT_TRUE(engine);
+  Engine& e = *engine;
   const uint64_t kSize = std::min<uint64_t>(MaxBytes(), (32ULL << 20) / TimeScale());
   auto peer = StartPeer(kSize, 34, /*read_only=*/true);
   ASSERT_TRUE(peer->ready());
