@@ -13,9 +13,9 @@
 // loopback. For two hosts: run `rayfabric-bench --listen 7000` on one and
 // `rayfabric-bench --peer host:7000 ...` on the other.
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <netdb.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/mman.h>
@@ -51,7 +51,9 @@ constexpr uint64_t kSeed = 20261202;
   std::exit(1);
 }
 
-double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 std::string SizeName(uint64_t n) {
   if (n >= (1ULL << 30) && n % (1ULL << 30) == 0) return std::to_string(n >> 30) + "G";
@@ -61,7 +63,8 @@ std::string SizeName(uint64_t n) {
 }
 
 char* AllocPrefaulted(size_t n) {
-  void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  void* p =
+      mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) Die("mmap of " + std::to_string(n) + " bytes failed");
   return static_cast<char*>(p);
 }
@@ -234,7 +237,8 @@ double TcpCeiling(Conn& conn, char* buf, uint64_t bytes, uint64_t chunk) {
   for (int i = 0; i < 3; ++i) {
     auto t0 = Clock::now();
     conn.SendMsg("stream " + std::to_string(bytes) + " " + std::to_string(chunk));
-    for (uint64_t off = 0; off < bytes; off += chunk) conn.RecvAll(buf, std::min(chunk, bytes - off));
+    for (uint64_t off = 0; off < bytes; off += chunk)
+      conn.RecvAll(buf, std::min(chunk, bytes - off));
     double secs = Seconds(t0, Clock::now());
     if (conn.RecvMsg() != "done") Die("stream protocol error");
     best = std::max(best, bytes / secs / 1e9);
@@ -270,14 +274,16 @@ int Measure(Conn& conn, const Options& opt, const Config& config, uint64_t max_s
   auto mr = e.Register(local, max_size);
   if (!mr.ok()) Die(mr.status().ToString());
   const auto& p = e.profile();
-  std::printf("provider %s domain %s (%s)\n", p.provider.c_str(), p.domain.c_str(), e.report().reason.c_str());
+  std::printf("provider %s domain %s (%s)\n", p.provider.c_str(), p.domain.c_str(),
+              e.report().reason.c_str());
   std::printf("chunk_size %s, max_inflight %s\n", config.GetString("chunk_size").c_str(),
               config.GetString("max_inflight").c_str());
 
   std::vector<Row> rows;
   for (uint64_t size : opt.sizes) {
-    int iters = opt.iters > 0 ? opt.iters
-                              : static_cast<int>(std::clamp<uint64_t>((2ULL << 30) / size, 3, 2000));
+    int iters = opt.iters > 0
+                    ? opt.iters
+                    : static_cast<int>(std::clamp<uint64_t>((2ULL << 30) / size, 3, 2000));
     std::vector<double> lat;
     auto run_one = [&]() {
       auto t0 = Clock::now();
@@ -296,7 +302,8 @@ int Measure(Conn& conn, const Options& opt, const Config& config, uint64_t max_s
     bool verified = false;
     if (opt.verify) {
       if (opt.op == "read") {
-        if (FirstMismatch(local, size, kSeed) >= 0) Die("read of " + SizeName(size) + " returned wrong bytes");
+        if (FirstMismatch(local, size, kSeed) >= 0)
+          Die("read of " + SizeName(size) + " returned wrong bytes");
       } else {
         conn.SendMsg("check 0 " + std::to_string(size) + " " + std::to_string(kSeed + 1));
         std::string r = conn.RecvMsg();
@@ -304,7 +311,8 @@ int Measure(Conn& conn, const Options& opt, const Config& config, uint64_t max_s
       }
       verified = true;
     }
-    rows.push_back({opt.op, size, iters, size * iters / total / 1e9, Percentile(lat, 0.5), Percentile(lat, 0.99), verified});
+    rows.push_back({opt.op, size, iters, size * iters / total / 1e9, Percentile(lat, 0.5),
+                    Percentile(lat, 0.99), verified});
     std::fprintf(stderr, "  %s %s done\n", opt.op.c_str(), SizeName(size).c_str());
   }
   if (opt.op == "write" && opt.verify) conn.SendMsg("fill");
@@ -314,26 +322,31 @@ int Measure(Conn& conn, const Options& opt, const Config& config, uint64_t max_s
   double tcp = TcpCeiling(conn, local, ceiling_bytes, 4 << 20);
   double mem = MemcpyCeiling(ceiling_bytes);
 
-  std::printf("\n%-8s %-6s %8s %10s %10s %10s %8s %s\n", "size", "op", "iters", "GB/s", "p50 us", "p99 us",
-              "% tcp", "verified");
+  std::printf("\n%-8s %-6s %8s %10s %10s %10s %8s %s\n", "size", "op", "iters", "GB/s", "p50 us",
+              "p99 us", "% tcp", "verified");
   for (const Row& r : rows) {
-    std::printf("%-8s %-6s %8d %10.3f %10.1f %10.1f %7.0f%% %s\n", SizeName(r.size).c_str(), r.op.c_str(),
-                r.iters, r.gbps, r.p50_us, r.p99_us, 100 * r.gbps / tcp, r.verified ? "yes" : "no");
+    std::printf("%-8s %-6s %8d %10.3f %10.1f %10.1f %7.0f%% %s\n", SizeName(r.size).c_str(),
+                r.op.c_str(), r.iters, r.gbps, r.p50_us, r.p99_us, 100 * r.gbps / tcp,
+                r.verified ? "yes" : "no");
   }
-  std::printf("\nceilings (same run, %s): raw TCP stream between the two processes %.3f GB/s, "
-              "memcpy %.3f GB/s\n",
-              SizeName(ceiling_bytes).c_str(), tcp, mem);
+  std::printf(
+      "\nceilings (same run, %s): raw TCP stream between the two processes %.3f GB/s, "
+      "memcpy %.3f GB/s\n",
+      SizeName(ceiling_bytes).c_str(), tcp, mem);
 
   if (!opt.json.empty()) {
     std::ofstream js(opt.json);
-    js << "{\"engine\":" << e.report().ToJson() << ",\"chunk_size\":\"" << config.GetString("chunk_size")
-       << "\",\"max_inflight\":" << config.GetString("max_inflight") << ",\"ceilings\":{\"tcp_stream_gbps\":" << tcp
-       << ",\"memcpy_gbps\":" << mem << "},\"results\":[";
+    js << "{\"engine\":" << e.report().ToJson() << ",\"chunk_size\":\""
+       << config.GetString("chunk_size")
+       << "\",\"max_inflight\":" << config.GetString("max_inflight")
+       << ",\"ceilings\":{\"tcp_stream_gbps\":" << tcp << ",\"memcpy_gbps\":" << mem
+       << "},\"results\":[";
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
-      js << (i ? "," : "") << "{\"op\":\"" << r.op << "\",\"size\":" << r.size << ",\"iters\":" << r.iters
-         << ",\"gbps\":" << r.gbps << ",\"p50_us\":" << r.p50_us << ",\"p99_us\":" << r.p99_us
-         << ",\"verified\":" << (r.verified ? "true" : "false") << "}";
+      js << (i ? "," : "") << "{\"op\":\"" << r.op << "\",\"size\":" << r.size
+         << ",\"iters\":" << r.iters << ",\"gbps\":" << r.gbps << ",\"p50_us\":" << r.p50_us
+         << ",\"p99_us\":" << r.p99_us << ",\"verified\":" << (r.verified ? "true" : "false")
+         << "}";
     }
     js << "]}\n";
   }
@@ -357,8 +370,9 @@ int MeasureRegistration(const Options& opt, const Config& config, uint64_t max_s
   };
   std::vector<RegRow> rows;
   for (uint64_t size : opt.sizes) {
-    const int iters = opt.iters > 0 ? opt.iters
-                                    : static_cast<int>(std::clamp<uint64_t>((4ULL << 30) / size, 5, 2000));
+    const int iters = opt.iters > 0
+                          ? opt.iters
+                          : static_cast<int>(std::clamp<uint64_t>((4ULL << 30) / size, 5, 2000));
     std::vector<double> reg, dereg;
     for (int i = 0; i <= iters; ++i) {
       auto t0 = Clock::now();
@@ -371,8 +385,8 @@ int MeasureRegistration(const Options& opt, const Config& config, uint64_t max_s
       reg.push_back(Seconds(t0, t1) * 1e6);
       dereg.push_back(Seconds(t1, t2) * 1e6);
     }
-    rows.push_back({size, iters, Percentile(reg, 0.5), Percentile(reg, 0.99), Percentile(dereg, 0.5),
-                    Percentile(dereg, 0.99)});
+    rows.push_back({size, iters, Percentile(reg, 0.5), Percentile(reg, 0.99),
+                    Percentile(dereg, 0.5), Percentile(dereg, 0.99)});
   }
   std::printf("\n%-8s %8s %12s %12s %12s %12s\n", "size", "iters", "reg p50 us", "reg p99 us",
               "dereg p50 us", "dereg p99 us");
@@ -476,7 +490,11 @@ int Main(int argc, char** argv) {
   ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) Die("cannot find own executable");
   self[n] = '\0';
-  std::vector<std::string> args = {self, "--serve", "--serve-bytes", std::to_string(max_size), "--connect-port",
+  std::vector<std::string> args = {self,
+                                   "--serve",
+                                   "--serve-bytes",
+                                   std::to_string(max_size),
+                                   "--connect-port",
                                    std::to_string(port)};
   if (!config.GetString("provider").empty()) {
     args.push_back("--provider");
@@ -490,7 +508,8 @@ int Main(int argc, char** argv) {
   for (auto& s : args) argvp.push_back(s.data());
   argvp.push_back(nullptr);
   pid_t child = -1;
-  if (posix_spawn(&child, self, nullptr, nullptr, argvp.data(), environ) != 0) Die("cannot spawn server");
+  if (posix_spawn(&child, self, nullptr, nullptr, argvp.data(), environ) != 0)
+    Die("cannot spawn server");
   Conn conn(accept(lfd, nullptr, nullptr));
   close(lfd);
   int rc = Measure(conn, opt, config, max_size);

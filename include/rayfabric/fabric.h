@@ -21,13 +21,13 @@ struct ProviderProfile {
   std::string provider;  // e.g. "verbs;ofi_rxm", "tcp;ofi_rxm", "efa", "sockets"
   std::string domain;    // e.g. "rxe0", "mlx5_0", "eth0"
   std::string fabric;
-  bool rdma = false;          // hardware (or Soft-RoCE) RDMA, not a socket emulation
-  bool local_desc = false;    // FI_MR_LOCAL: local buffers need their own descriptor
-  bool virt_addr = false;     // FI_MR_VIRT_ADDR: remote addresses are virtual addresses
-  bool prov_key = false;      // FI_MR_PROV_KEY: the provider picks the key
-  bool endpoint_mr = false;   // FI_MR_ENDPOINT: regions are bound to the endpoint
-  bool raw_key = false;       // FI_MR_RAW: keys larger than 64 bits, mapped by the reader
-  bool allocated = false;     // FI_MR_ALLOCATED: only backed memory may be registered
+  bool rdma = false;         // hardware (or Soft-RoCE) RDMA, not a socket emulation
+  bool local_desc = false;   // FI_MR_LOCAL: local buffers need their own descriptor
+  bool virt_addr = false;    // FI_MR_VIRT_ADDR: remote addresses are virtual addresses
+  bool prov_key = false;     // FI_MR_PROV_KEY: the provider picks the key
+  bool endpoint_mr = false;  // FI_MR_ENDPOINT: regions are bound to the endpoint
+  bool raw_key = false;      // FI_MR_RAW: keys larger than 64 bits, mapped by the reader
+  bool allocated = false;    // FI_MR_ALLOCATED: only backed memory may be registered
   uint64_t mr_mode = 0;
   size_t key_size = 8;
   size_t max_msg_size = 0;
@@ -245,8 +245,7 @@ class Engine {
   Status Read(PeerId peer, const RemoteRegion& remote, uint64_t remote_offset,
               const std::shared_ptr<MemoryRegion>& local_region, void* local, size_t length);
   Status Write(PeerId peer, const RemoteRegion& remote, uint64_t remote_offset,
-               const std::shared_ptr<MemoryRegion>& local_region, const void* local,
-               size_t length);
+               const std::shared_ptr<MemoryRegion>& local_region, const void* local, size_t length);
 
   EngineStats stats() const;
 

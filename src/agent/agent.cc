@@ -152,8 +152,9 @@ Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options) {
                         options.config.GetBytes("max_lease_bytes_per_peer"));
   }
   if (max_lease_bytes_per_peer == 0) {
-    return InvalidArgument("max_lease_bytes_per_peer must be > 0 (a size like 8G, or a share "
-                           "like 50%)");
+    return InvalidArgument(
+        "max_lease_bytes_per_peer must be > 0 (a size like 8G, or a share "
+        "like 50%)");
   }
   RF_ASSIGN_OR_RETURN(bool allow_unprotected, options.config.GetBool("allow_unprotected_memory"));
   RF_ASSIGN_OR_RETURN(auto engine, fabric::Engine::Open(options.config));
@@ -167,10 +168,9 @@ Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options) {
           "FI_MR_CACHE_MAX_COUNT=0 for the agent (verbs/efa), choose another provider, or accept "
           "the risk with RAYFABRIC_ALLOW_UNPROTECTED_MEMORY=true");
     }
-    RF_LOG(kWarn, "serving plasma memory on " << profile.provider
-                                              << " although it does not enforce access ("
-                                              << profile.access_note
-                                              << "): allowed by allow_unprotected_memory");
+    RF_LOG(kWarn, "serving plasma memory on "
+                      << profile.provider << " although it does not enforce access ("
+                      << profile.access_note << "): allowed by allow_unprotected_memory");
   }
   // What a lease exposes: the default follows what a registration costs on this provider.
   const std::string exposure = options.config.GetString("exposure");
@@ -294,8 +294,9 @@ Agent::StorePtr Agent::ServeStore(uint64_t* generation) {
       retired_serve_.push_back({serve_generation_, std::move(old)});
       ++serve_generation_;
       ++store_reconnects_;
-      RF_LOG(kWarn, "serving store connection replaced after an error; the old one is kept open "
-                    "until its leases end");
+      RF_LOG(kWarn,
+             "serving store connection replaced after an error; the old one is kept open "
+             "until its leases end");
     } else {
       RF_LOG(kWarn, "reconnecting to the store failed: " << fresh.status());
     }
@@ -369,8 +370,8 @@ Result<std::shared_ptr<fabric::MemoryRegion>> Agent::RegionFor(uint8_t* base, si
   // new registration), with exactly what the two sides need: this process's fi_read writes
   // replicas into it (pulling), and with arena exposure peers may read it (serving). Never remote
   // write.
-  const uint32_t access = exposure_ == Exposure::kArena ? fabric::kLocalRead | fabric::kRemoteRead
-                                                       : fabric::kLocalRead;
+  const uint32_t access =
+      exposure_ == Exposure::kArena ? fabric::kLocalRead | fabric::kRemoteRead : fabric::kLocalRead;
   // Private: this map is the cache, and it forgets a segment when it is unmapped; the engine's
   // own cache could hand back a registration of memory unmapped since (a new segment mapped at
   // the same address), still alive while a transfer holds it.
@@ -562,7 +563,7 @@ void Agent::ReapAbandonedCreates() {
   if (aborted.ok() && *aborted > 0) {
     abandoned_creates_aborted_ += *aborted;
     RF_LOG(kInfo, *aborted << " replica(s) whose create was given up while the store was full "
-                           "were created since, and aborted");
+                              "were created since, and aborted");
   }
 }
 
@@ -610,10 +611,10 @@ v1::PullReply Agent::Pull(const v1::PullRequest& request, Clock::time_point call
                           std::function<bool()> cancelled) {
   v1::PullReply reply;
   reply.set_provider(engine_->profile().provider);
-  const auto deadline = std::min(
-      caller_deadline,
-      Clock::now() + std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms()
-                                                                        : op_timeout_ms_));
+  const auto deadline =
+      std::min(caller_deadline, Clock::now() + std::chrono::milliseconds(request.timeout_ms() > 0
+                                                                             ? request.timeout_ms()
+                                                                             : op_timeout_ms_));
   std::vector<PullJob> jobs(static_cast<size_t>(request.items_size()));
   std::vector<PullJob*> pending;
   for (int i = 0; i < request.items_size(); ++i) {
@@ -646,9 +647,9 @@ v1::PullReply Agent::Pull(const v1::PullRequest& request, Clock::time_point call
   for (const PullJob& job : jobs) {
     if (job.result->outcome() == v1::FAILED) {
       ++pulls_failed_;
-      RF_LOG(kWarn, "pull of object " << ShortHex(job.item->object_id()) << " failed: "
-                                      << v1::ErrorCode_Name(job.result->error_code()) << ": "
-                                      << job.result->error());
+      RF_LOG(kWarn, "pull of object " << ShortHex(job.item->object_id())
+                                      << " failed: " << v1::ErrorCode_Name(job.result->error_code())
+                                      << ": " << job.result->error());
     }
   }
   return reply;
@@ -751,8 +752,8 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
   v1::LeaseRequest lease_request;
   lease_request.set_protocol_version(kProtocolVersion);
   lease_request.set_requester(BytesToHex(options_.node_id));
-  const auto wanted = std::chrono::duration_cast<std::chrono::milliseconds>(
-      deadline - Clock::now() + kLeaseMargin);
+  const auto wanted =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now() + kLeaseMargin);
   lease_request.set_ttl_ms(static_cast<uint32_t>(
       std::clamp<int64_t>(wanted.count(), 1, std::numeric_limits<uint32_t>::max())));
   for (PullJob* job : jobs) lease_request.add_object_ids(job->id.Binary());
@@ -812,10 +813,9 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
                                  ? static_cast<StatusCode>(code)
                                  : StatusCode::kProtocolError;
       SetError(*job.result,
-               Status(why,
-                      "the agent at " + source + " refused a lease on object " + job.id.Hex() +
-                          ": " + v1::ErrorCode_Name(job.lease.error_code()) + ": " +
-                          job.lease.error()));
+               Status(why, "the agent at " + source + " refused a lease on object " + job.id.Hex() +
+                               ": " + v1::ErrorCode_Name(job.lease.error_code()) + ": " +
+                               job.lease.error()));
       continue;
     }
     job.leased = true;
@@ -825,12 +825,11 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
       // The source describes an object of another size than Ray's directory does: never create
       // (and seal) a replica of its choosing.
       ++leases_size_mismatch_;
-      SetError(*job.result,
-               OutOfRange("the agent at " + source + " leased object " + job.id.Hex() + " as " +
-                          std::to_string(job.lease.data_size()) + " + " +
-                          std::to_string(job.lease.metadata_size()) +
-                          " bytes, but Ray's directory says " +
-                          std::to_string(job.item->object_size()) + ": refused"));
+      SetError(*job.result, OutOfRange("the agent at " + source + " leased object " + job.id.Hex() +
+                                       " as " + std::to_string(job.lease.data_size()) + " + " +
+                                       std::to_string(job.lease.metadata_size()) +
+                                       " bytes, but Ray's directory says " +
+                                       std::to_string(job.item->object_size()) + ": refused"));
       continue;
     }
     if (!peer_status.ok()) SetError(*job.result, peer_status);
@@ -854,8 +853,8 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
           kLeaseMargin, std::chrono::milliseconds(job.lease.expires_in_ms()) / 4);
       if (Clock::now() + margin > job.lease_expires) {
         ++pulls_lease_expired_;
-        SetError(*job.result, TimedOut("the lease on object " + job.id.Hex() + " from " +
-                                       source + " is about to expire: not read"));
+        SetError(*job.result, TimedOut("the lease on object " + job.id.Hex() + " from " + source +
+                                       " is about to expire: not read"));
         continue;
       }
       const uint64_t bytes = job.lease.data_size() + job.lease.metadata_size();
@@ -867,9 +866,10 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
       create.data_size = job.lease.data_size();
       create.metadata_size = job.lease.metadata_size();
       create.timeout_ms = std::min<int64_t>(
-          create_timeout_ms_, std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                       deadline - Clock::now())
-                                                       .count()));
+          create_timeout_ms_,
+          std::max<int64_t>(
+              1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now())
+                     .count()));
       job.started = Clock::now();
       auto replica = store->Create(job.id, create);
       if (!replica.ok()) {
@@ -929,9 +929,9 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
       Status s;
       for (;;) {
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-        s = job->transfer.Wait(std::clamp(left, std::chrono::milliseconds(1),
-                                          std::chrono::duration_cast<std::chrono::milliseconds>(
-                                              kCancelPoll)));
+        s = job->transfer.Wait(
+            std::clamp(left, std::chrono::milliseconds(1),
+                       std::chrono::duration_cast<std::chrono::milliseconds>(kCancelPoll)));
         if (job->transfer.Done() || Clock::now() >= deadline) break;
         if (bounds.Cancelled()) {
           s = Aborted("the caller cancelled the pull");

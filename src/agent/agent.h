@@ -58,10 +58,10 @@ class Agent {
   // `deadline`: the caller's own (gRPC) deadline, if earlier than the request's timeout_ms;
   // `cancelled`: true once the caller went away (the pull then stops at its next step and cuts
   // its reads off).
-  v1::PullReply Pull(const v1::PullRequest& request,
-                     std::chrono::steady_clock::time_point deadline =
-                         std::chrono::steady_clock::time_point::max(),
-                     std::function<bool()> cancelled = nullptr);
+  v1::PullReply Pull(
+      const v1::PullRequest& request,
+      std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
+      std::function<bool()> cancelled = nullptr);
   v1::StatusReply GetStatus() const;
 
   void CountRejectedRequest() { ++requests_rejected_; }

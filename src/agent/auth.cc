@@ -103,8 +103,9 @@ std::string Credentials::Describe() const {
                                      : "NO token authentication (RAY_AUTH_MODE is not 'token')";
   out += tls_ ? ", TLS with client certificates (RAY_USE_TLS)" : ", no TLS (RAY_USE_TLS unset)";
   if (!token_required() && !tls_) {
-    out += ": like the Ray cluster, any host that reaches the agent's port can lease its objects; "
-           "run it on a trusted network or enable Ray's token authentication";
+    out +=
+        ": like the Ray cluster, any host that reaches the agent's port can lease its objects; "
+        "run it on a trusted network or enable Ray's token authentication";
   }
   return out;
 }
@@ -137,7 +138,8 @@ Status Credentials::Check(const grpc::ServerContext& context) const {
   auto it = metadata.find(kAuthorization);
   if (it == metadata.end()) {
     return PermissionDenied(
-        "no authorization token: this agent requires the Ray cluster's token (RAY_AUTH_MODE=token); "
+        "no authorization token: this agent requires the Ray cluster's token "
+        "(RAY_AUTH_MODE=token); "
         "send gRPC metadata 'authorization: Bearer <token>'");
   }
   const std::string presented(it->second.data(), it->second.size());

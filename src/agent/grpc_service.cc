@@ -118,12 +118,13 @@ grpc::Status AgentService::Pull(grpc::ServerContext* context, const v1::PullRequ
                         "Pull needs 1.." + std::to_string(kMaxItemsPerRequest) + " items, got " +
                             std::to_string(request->items_size()));
   }
-  *reply = agent_->Pull(*request, DeadlineOf(context), [context] { return context->IsCancelled(); });
+  *reply =
+      agent_->Pull(*request, DeadlineOf(context), [context] { return context->IsCancelled(); });
   return grpc::Status::OK;
 }
 
-grpc::Status AgentService::GetStatus(grpc::ServerContext* context,
-                                     const v1::StatusRequest* request, v1::StatusReply* reply) {
+grpc::Status AgentService::GetStatus(grpc::ServerContext* context, const v1::StatusRequest* request,
+                                     v1::StatusReply* reply) {
   grpc::Status a = Authenticate(context, "GetStatus");
   if (!a.ok()) return a;
   (void)request;

@@ -35,7 +35,8 @@ class LeaseTable {
   using Clock = std::chrono::steady_clock;
   static constexpr size_t kTokenBytes = 16;
 
-  explicit LeaseTable(size_t max_leases, uint64_t max_bytes_per_requester = std::numeric_limits<uint64_t>::max())
+  explicit LeaseTable(size_t max_leases,
+                      uint64_t max_bytes_per_requester = std::numeric_limits<uint64_t>::max())
       : max_leases_(max_leases), max_bytes_per_requester_(max_bytes_per_requester) {}
 
   // ResourceExhausted when max_leases are active, or when a requester that already holds leases

@@ -137,8 +137,8 @@ int main(int argc, char** argv) {
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
-    return StartupError(rayfabric::Unavailable("cannot listen on " + flags->listen + " and unix:" +
-                                               flags->local_socket +
+    return StartupError(rayfabric::Unavailable("cannot listen on " + flags->listen +
+                                               " and unix:" + flags->local_socket +
                                                " (address in use, not local, or the socket's "
                                                "directory missing?)"));
   }

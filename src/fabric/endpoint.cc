@@ -122,8 +122,7 @@ void EngineCore::ResetEndpointLocked(const std::string& why) {
   // Closing the endpoint closes every connection (rxm closes each msg endpoint: the tcp socket,
   // or the verbs QP), after which no posted operation can move a byte. The completion queue goes
   // with it, so no stale completion can name a transfer that was already reported.
-  RF_LOG(kWarn, "resetting the fabric endpoint (" << why << "): "
-                                                  << active_.size()
+  RF_LOG(kWarn, "resetting the fabric endpoint (" << why << "): " << active_.size()
                                                   << " transfers in flight fail; peers reconnect");
   const std::string old_address = AddressLocked();
   if (profile_.bytes_move_without_progress) {

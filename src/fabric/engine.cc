@@ -13,10 +13,10 @@ Result<std::unique_ptr<Engine>> Engine::Open(const Config& config, const EngineO
   auto core = std::make_shared<EngineCore>();
   RF_RETURN_IF_ERROR(core->Open(config, options));
   core->StartProgress();
-  RF_LOG(kInfo, "provider " << core->profile_.provider << " domain " << core->profile_.domain
-                            << ": " << core->report_.reason
-                            << (options.remote_write ? " (peers may write registered buffers)"
-                                                     : ""));
+  RF_LOG(kInfo,
+         "provider " << core->profile_.provider << " domain " << core->profile_.domain << ": "
+                     << core->report_.reason
+                     << (options.remote_write ? " (peers may write registered buffers)" : ""));
   return std::unique_ptr<Engine>(new Engine(std::move(core)));
 }
 
@@ -44,8 +44,9 @@ Status Engine::Read(PeerId peer, const RemoteRegion& remote, uint64_t remote_off
 Status Engine::Write(PeerId peer, const RemoteRegion& remote, uint64_t remote_offset,
                      const std::shared_ptr<MemoryRegion>& local_region, const void* local,
                      size_t length) {
-  RF_ASSIGN_OR_RETURN(Transfer t, Start(RmaOp::kWrite, peer, remote, local_region,
-                                        {RmaSpan{const_cast<void*>(local), length, remote_offset}}));
+  RF_ASSIGN_OR_RETURN(Transfer t,
+                      Start(RmaOp::kWrite, peer, remote, local_region,
+                            {RmaSpan{const_cast<void*>(local), length, remote_offset}}));
   return t.Wait();
 }
 

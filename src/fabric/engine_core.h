@@ -57,7 +57,7 @@ class TransferState {
   size_t inflight = 0;
   size_t completed = 0;
   bool failed = false;
-  Status failure;                 // what Wait() reports once the transfer is drained
+  Status failure;                   // what Wait() reports once the transfer is drained
   Clock::time_point last_progress;  // start, or the latest completion (progress timeout)
   Clock::time_point failed_at;      // drain bound starts here
 
@@ -92,7 +92,7 @@ struct EndpointSet {
   Fid<struct fid_av> av;
   Fid<struct fid_ep> ep;
   int cq_fd = -1;  // the CQ's wait fd (FI_GETWAIT), or -1: then the progress thread polls
-  void Close() {  // endpoint first: it is bound to the others
+  void Close() {   // endpoint first: it is bound to the others
     ep.reset();
     av.reset();
     cq.reset();
@@ -111,7 +111,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   ~EngineCore();
 
   Status Open(const Config& config, const EngineOptions& options);
-  void StartProgress() { progress_ = std::thread([this] { ProgressLoop(); }); }
+  void StartProgress() {
+    progress_ = std::thread([this] { ProgressLoop(); });
+  }
   void Stop();
 
   Result<std::shared_ptr<MemoryRegion>> Register(void* base, size_t length, uint32_t access,
@@ -191,8 +193,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::thread progress_;
 
   std::atomic<uint64_t> bytes_read_{0}, bytes_written_{0}, ops_posted_{0}, ops_failed_{0},
-      transfers_ok_{0}, transfers_failed_{0}, regions_registered_{0}, resets_{0},
-      undrained_{0};
+      transfers_ok_{0}, transfers_failed_{0}, regions_registered_{0}, resets_{0}, undrained_{0};
 };
 
 }  // namespace rayfabric::fabric

@@ -50,8 +50,8 @@ Status EngineCore::RegisterWithKey(MemoryRegion& region, uint64_t fi_access) {
     if (!profile_.prov_key) {
       RF_ASSIGN_OR_RETURN(requested_key, RandomKey(profile_.key_size));
     }
-    int ret = fi_mr_reg(domain_.get(), region.base_, region.length_, fi_access, 0, requested_key,
-                        0, &region.mr_, nullptr);
+    int ret = fi_mr_reg(domain_.get(), region.base_, region.length_, fi_access, 0, requested_key, 0,
+                        &region.mr_, nullptr);
     if (ret == -FI_ENOKEY && !profile_.prov_key && attempt < 8) continue;
     if (ret) {
       region.mr_ = nullptr;
@@ -82,7 +82,8 @@ Result<std::shared_ptr<MemoryRegion>> EngineCore::Register(void* base, size_t le
   std::lock_guard<std::recursive_mutex> lock(mu_);
   if (sharing == Sharing::kShared) {
     // Cache: a shared region with the same access that covers the whole range serves it. Never a
-    // region with more access (that would widen what the caller meant to expose), nor a private one.
+    // region with more access (that would widen what the caller meant to expose), nor a private
+    // one.
     for (auto it = regions_.upper_bound(start); it != regions_.begin();) {
       --it;
       if (auto region = it->second.weak.lock()) {

@@ -358,8 +358,8 @@ std::string ProviderReport::ToJson() const {
      << ",\"mr_cache\":" << (p.mr_cache ? "true" : "false")
      << ",\"deregistration_revokes_keys\":" << (p.deregistration_revokes_keys ? "true" : "false")
      << ",\"key_lifetime\":\"" << JsonEscape(p.key_lifetime)
-     << "\",\"enforces_access\":" << (p.enforces_access ? "true" : "false")
-     << ",\"access_note\":\"" << JsonEscape(p.access_note) << "\",\"candidates\":[";
+     << "\",\"enforces_access\":" << (p.enforces_access ? "true" : "false") << ",\"access_note\":\""
+     << JsonEscape(p.access_note) << "\",\"candidates\":[";
   for (size_t i = 0; i < candidates.size(); ++i) {
     const auto& c = candidates[i];
     os << (i ? "," : "") << "{\"provider\":\"" << JsonEscape(c.provider) << "\",\"domain\":\""

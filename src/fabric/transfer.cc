@@ -74,8 +74,9 @@ Result<Transfer> EngineCore::Start(RmaOp op, PeerId peer, const RemoteRegion& re
   if (spans.empty()) return InvalidArgument(std::string(verb) + ": nothing to transfer");
   const uint32_t needs = op == RmaOp::kRead ? kLocalRead : kLocalWrite;
   if ((local_region->access() & needs) == 0) {
-    return InvalidArgument(std::string(verb) + ": the local region was not registered for " +
-                           (op == RmaOp::kRead ? "local read (kLocalRead)" : "local write (kLocalWrite)"));
+    return InvalidArgument(
+        std::string(verb) + ": the local region was not registered for " +
+        (op == RmaOp::kRead ? "local read (kLocalRead)" : "local write (kLocalWrite)"));
   }
   auto t = std::make_shared<TransferState>();
   t->op = op;
@@ -130,8 +131,8 @@ void EngineCore::PumpLocked(TransferState& t) {
     void* ctx = &t.contexts[t.next].fi_ctx;
     ssize_t ret;
     if (t.op == RmaOp::kRead) {
-      ret = fi_read(eps_.ep.get(), c.local, c.length, t.local_desc, t.fi_addr, c.remote_addr,
-                    t.key, ctx);
+      ret = fi_read(eps_.ep.get(), c.local, c.length, t.local_desc, t.fi_addr, c.remote_addr, t.key,
+                    ctx);
     } else {
       // Delivery complete: when the write completes, the bytes are in the target's memory, so a
       // notification sent afterwards (over any channel) never overtakes them.
@@ -234,9 +235,10 @@ void EngineCore::CheckTimeoutsLocked() {
 }
 
 void EngineCore::ReapLocked() {
-  active_.erase(std::remove_if(active_.begin(), active_.end(),
-                               [](const std::shared_ptr<TransferState>& t) { return t->Drained(); }),
-                active_.end());
+  active_.erase(
+      std::remove_if(active_.begin(), active_.end(),
+                     [](const std::shared_ptr<TransferState>& t) { return t->Drained(); }),
+      active_.end());
 }
 
 void EngineCore::ProgressLoop() {

@@ -6,13 +6,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
-#include <functional>
 #include <set>
-#include <tuple>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 
 #include "plasma/protocol.h"
@@ -486,13 +486,14 @@ class PlasmaClient::Impl {
       // No object and no fd follow an error: the connection stays usable.
       return PlasmaErrorToStatus(reply.error, what);
     }
-    if (reply.retry_with_request_id > 0) return std::optional<uint64_t>(reply.retry_with_request_id);
+    if (reply.retry_with_request_id > 0)
+      return std::optional<uint64_t>(reply.retry_with_request_id);
     if (!reply.has_object) return Fail(VersionMismatch("CreateReply without plasma_object"));
     const ObjectSpec& spec = reply.object;
     if ((data_size && spec.data_size != *data_size) ||
         (metadata_size && spec.metadata_size != *metadata_size)) {
-      return Fail(ProtocolError(what + ": store allocated " + std::to_string(spec.data_size) +
-                                "+" + std::to_string(spec.metadata_size) + " bytes"));
+      return Fail(ProtocolError(what + ": store allocated " + std::to_string(spec.data_size) + "+" +
+                                std::to_string(spec.metadata_size) + " bytes"));
     }
     SegmentKey key = reply.segment;
     RF_RETURN_IF_ERROR(
@@ -699,8 +700,8 @@ class PlasmaClient::Impl {
   std::map<SegmentKey, Segment> segments_;  // mirrors the store's per-connection fd set
   std::map<SegmentKey, int> fallback_users_;
   std::unordered_map<ObjectId, Held> held_;
-  std::set<ObjectId> creating_;                   // Creates waiting for room (lock released)
-  std::map<ObjectId, uint64_t> abandoned_;        // given up at their timeout: request id
+  std::set<ObjectId> creating_;             // Creates waiting for room (lock released)
+  std::map<ObjectId, uint64_t> abandoned_;  // given up at their timeout: request id
   ObjectSpec last_created_;
   SegmentCallback on_mapped_;
   SegmentCallback on_unmapped_;

@@ -3,14 +3,14 @@
 // RAYFABRIC_TEST_DOMAINS="a,b" puts this process on domain a and its peers on domain b (Soft-RoCE);
 // RAYFABRIC_TEST_MAX_BYTES caps the largest transfer (default 1 GiB).
 #include <dirent.h>
-#include <signal.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <thread>
@@ -143,7 +143,8 @@ TEST_F(FabricProcessTest, ReportsTheProviderItUses) {
     EXPECT_EQ(e.profile().domain, Domain(0));
   }
   EXPECT_FALSE(e.Address().empty());
-  EXPECT_NE(e.report().ToJson().find("\"provider\":\"" + e.profile().provider + "\""), std::string::npos);
+  EXPECT_NE(e.report().ToJson().find("\"provider\":\"" + e.profile().provider + "\""),
+            std::string::npos);
 }
 
 TEST_F(FabricProcessTest, ReadsEverySizeByteExact) {
@@ -158,8 +159,8 @@ TEST_F(FabricProcessTest, ReadsEverySizeByteExact) {
   Buffer local(max);
   auto mr = e.Register(local.data(), local.size());
   ASSERT_TRUE(mr.ok()) << mr.status();
-  std::vector<uint64_t> sizes = {1, 7, 4095, 4096, 65537, chunk - 1, chunk, chunk * 3 + 17,
-                                 (64ULL << 20) + 3, max};
+  std::vector<uint64_t> sizes = {
+      1, 7, 4095, 4096, 65537, chunk - 1, chunk, chunk * 3 + 17, (64ULL << 20) + 3, max};
   for (uint64_t size : sizes) {
     if (size > max) continue;
     uint64_t remote_offset = size < max ? 13 : 0;
@@ -192,7 +193,8 @@ TEST_F(FabricProcessTest, WritesEverySizeByteExact) {
     const uint64_t remote_offset = 4096 - (size % 4096 == 0 ? 0 : 1);
     Status s = e.Write(*id, peer->region(), remote_offset, *mr, local.data(), size);
     ASSERT_TRUE(s.ok()) << "size " << size << ": " << s;
-    EXPECT_EQ(peer->Command("CHECK " + std::to_string(remote_offset) + " " + std::to_string(size) + " 77"),
+    EXPECT_EQ(peer->Command("CHECK " + std::to_string(remote_offset) + " " + std::to_string(size) +
+                            " 77"),
               "OK")
         << "size " << size;
   }
@@ -338,14 +340,17 @@ TEST_F(FabricProcessTest, StaleKeyAfterDeregistrationFails) {
   Status s = e.Read(*id, peer->region(), 0, *mr, local.data(), 4096);
   std::cerr << "  stale-key read: " << s << "\n";
   if (p.deregistration_revokes_keys) {
-    EXPECT_FALSE(s.ok()) << "read with a revoked key succeeded, but the profile says deregistration revokes "
-                            "keys: " << p.key_lifetime;
+    EXPECT_FALSE(s.ok())
+        << "read with a revoked key succeeded, but the profile says deregistration revokes "
+           "keys: "
+        << p.key_lifetime;
   } else if (p.mr_cache || !p.checks_remote_keys) {
     EXPECT_TRUE(s.ok()) << "the profile says a deregistered key stays valid (" << p.key_lifetime
                         << ") but the stale read failed: the profile is wrong for " << p.provider;
     if (s.ok()) {
       EXPECT_EQ(FirstMismatch(local.data(), 4096, 6), -1);
-      std::cerr << "  stale-key read SUCCEEDED as the profile predicts (keys not revoked on this provider)\n";
+      std::cerr << "  stale-key read SUCCEEDED as the profile predicts (keys not revoked on this "
+                   "provider)\n";
     }
   } else {
     std::cerr << "  key lifetime unknown for " << p.provider << ": nothing asserted\n";
@@ -540,7 +545,8 @@ TEST_F(FabricProcessTest, FrozenPeerNeverWritesAfterTheFailureIsReported) {
   // Freeze the source while the read is in flight (retry with an earlier stop if it finished).
   bool frozen_mid_flight = false;
   for (int delay_ms : {20, 5, 0}) {
-    auto started = e.Start(RmaOp::kRead, *frozen_id, frozen->region(), *mr, {{local.data(), kSize, 0}});
+    auto started =
+        e.Start(RmaOp::kRead, *frozen_id, frozen->region(), *mr, {{local.data(), kSize, 0}});
     ASSERT_TRUE(started.ok()) << started.status();
     t = *started;
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
@@ -611,7 +617,8 @@ TEST_F(FabricProcessTest, CancelReturnsOnlyWhenDrained) {
 // op_timeout_ms bounds the time without progress, not the whole transfer: a transfer far longer
 // than it that keeps completing operations finishes.
 TEST_F(FabricProcessTest, SlowTransferThatProgressesDoesNotTimeOut) {
-  auto engine = OpenEngine({{"op_timeout_ms", Ms(150)}, {"chunk_size", "4K"}, {"max_inflight", "1"}});
+  auto engine =
+      OpenEngine({{"op_timeout_ms", Ms(150)}, {"chunk_size", "4K"}, {"max_inflight", "1"}});
   ASSERT_TRUE(engine);
   Engine& e = *engine;
   const uint64_t kSize = std::min<uint64_t>(MaxBytes(), (32ULL << 20) / TimeScale());
@@ -639,7 +646,8 @@ TEST_F(FabricProcessTest, RegistrationCacheServesCoveredRanges) {
   auto inner = e.Register(b.data() + 4096, 1 << 20);
   ASSERT_TRUE(inner.ok());
   EXPECT_EQ(whole->get(), inner->get());
-  auto outside = e.Register(b.data() + (3 << 20), 2 << 20 > b.size() - (3 << 20) ? b.size() - (3 << 20) : 2 << 20);
+  auto outside = e.Register(b.data() + (3 << 20),
+                            2 << 20 > b.size() - (3 << 20) ? b.size() - (3 << 20) : 2 << 20);
   ASSERT_TRUE(outside.ok());
   EXPECT_EQ(whole->get(), outside->get());
   EXPECT_EQ(e.Register(nullptr, 10).status().code(), StatusCode::kInvalidArgument);
