@@ -397,6 +397,49 @@ def test_a_cancelled_pull_lets_go_at_once(cluster):
     assert wait_idle() == {}
 
 
+def _start_agent_by_hand(cluster, extra_env, args, tmp_path):
+    """rayfabricd on n0's real store, started by hand with `extra_env`; (exit code, first line)."""
+    import subprocess
+    node = next(n for n in ray.nodes() if n["NodeID"] == cluster["nodes"]["n0"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_USE_TLS", "RAY_TLS"))}
+    env.update({"FI_MR_CACHE_MAX_COUNT": "0", **extra_env})
+    cmd = [_agents.agent_binary(), "--plasma-socket", node["ObjectStoreSocketName"], "--node-id", node["NodeID"],
+           "--listen", "127.0.0.1:0", "--local-socket", str(tmp_path / "agent.sock"),
+           "--ray-version", ray.__version__, *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+    line = proc.stdout.readline().strip()
+    if line.startswith("RAYFABRICD_READY"):
+        proc.terminate()
+    return proc.wait(timeout=30), line
+
+
+@pytest.mark.parametrize("extra_env, args, says", [
+    ({"RAYFABRIC_EXPOSURE": "everything"}, [], "exposure='everything': use object, arena or auto"),
+    ({"RAYFABRIC_MAX_LEASE_BYTES_PER_PEER": "150%"}, [], "a share must be in (0%, 100%]"),
+    ({"RAY_AUTH_MODE": "k8s"}, [], "RAY_AUTH_MODE=k8s is not supported by rayfabric"),
+    ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "/nonexistent/token"}, [],
+     "RAY_AUTH_TOKEN_PATH=/nonexistent/token cannot be read"),
+    ({"RAY_USE_TLS": "1"}, [], "RAY_USE_TLS is set but RAY_TLS_SERVER_CERT is not"),
+    ({}, ["--provider", "shm"], "RAYFABRIC_ALLOW_UNPROTECTED_MEMORY=true"),
+], ids=["exposure", "share", "auth-mode", "token-path", "tls-certs", "unprotected-provider"])
+def test_agent_refuses_bad_settings_at_start(cluster, extra_env, args, says, tmp_path):
+    """Each setting the agent cannot honour stops it at start with one line that says what to
+    change (and the launcher reports that line)."""
+    if cluster["provider"] != PROVIDERS[0]:
+        pytest.skip("settings, not providers: once")
+    code, line = _start_agent_by_hand(cluster, extra_env, args, tmp_path)
+    assert code == 1 and line.startswith("RAYFABRICD_ERROR ") and says in line, line
+
+
+def test_unprotected_provider_serves_only_when_allowed(cluster, tmp_path):
+    """shm checks neither keys nor access: refused above unless the operator accepts the risk."""
+    if cluster["provider"] != PROVIDERS[0]:
+        pytest.skip("settings, not providers: once")
+    code, line = _start_agent_by_hand(cluster, {"RAYFABRIC_ALLOW_UNPROTECTED_MEMORY": "true"},
+                                      ["--provider", "shm"], tmp_path)
+    assert line.startswith("RAYFABRICD_READY ") and '"provider":"shm"' in line, line
+
+
 def test_pull_of_an_object_already_here(cluster):
     """The agent does not ask its store before leasing (callers send what is not local): an object
     that is local after all is answered ALREADY_LOCAL when the Create finds it, and also when the
