@@ -164,7 +164,7 @@ int Serve(Conn& conn, const Config& config, uint64_t bytes) {
     return 1;
   }
   conn.SendMsg("OK");
-  conn.SendMsg((*engine)->Address());
+  conn.SendMsg((*engine)->Address().Serialize());
   conn.SendMsg((*mr)->Describe().Serialize());
   for (;;) {
     std::istringstream cmd(conn.RecvMsg());
@@ -265,7 +265,9 @@ int Measure(Conn& conn, const Options& opt, const Config& config, uint64_t max_s
   fabric::Engine& e = **engine;
   std::string status = conn.RecvMsg();
   if (status != "OK") Die("server: " + status);
-  auto peer = e.AddPeer(conn.RecvMsg());
+  auto address = fabric::FabricAddress::Parse(conn.RecvMsg());
+  if (!address.ok()) Die(address.status().ToString());
+  auto peer = e.AddPeer(*address);
   if (!peer.ok()) Die(peer.status().ToString());
   auto remote = fabric::RemoteRegion::Parse(conn.RecvMsg());
   if (!remote.ok()) Die(remote.status().ToString());

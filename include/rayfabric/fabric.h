@@ -75,15 +75,27 @@ struct ProviderProfile {
 struct ProviderCandidate {
   std::string provider;
   std::string domain;
+  std::string ip;  // the domain's own IP address (tcp, sockets, verbs on IP), if it has one
   int rank = 0;
   bool rdma = false;
   std::string verdict;  // "chosen: ..." or why it was passed over
 };
 
+// A fabric a node opens: its provider and domain (one line each, for reports and peers).
+struct FabricSummary {
+  std::string provider;
+  std::string domain;
+  std::string fabric;
+  bool rdma = false;
+};
+
 struct ProviderReport {
   ProviderProfile chosen;
   std::vector<ProviderCandidate> candidates;
-  std::string reason;  // one line: why this provider
+  std::string reason;  // one line: why this provider (and this domain)
+  // Every fabric the same selection opens, best first (chosen is one of them): an agent opens
+  // them all, so that each peer is reached on the best provider both sides have.
+  std::vector<FabricSummary> fabrics;
   std::string ToString() const;
   std::string ToJson() const;
 };
@@ -93,10 +105,19 @@ struct ProviderReport {
 // open engines whose own buffers peers may write.
 struct EngineOptions {
   bool remote_write = false;
+  // The IP address this node is known by (the agent's --listen host, i.e. the node's Ray IP).
+  // Among domains of one provider, the one holding it is chosen (then any non-loopback one): on a
+  // host with several interfaces, the fabric then runs where Ray's own traffic does.
+  std::string preferred_ip;
 };
 
-// Ranks what fi_info offers for RDM endpoints with RMA and picks one (config: provider, domain,
-// require_rdma). Does not open anything.
+// Ranks what fi_info offers for RDM endpoints with RMA and picks the fabrics to open (config:
+// provider, domain, require_rdma), best first; does not open anything.
+//   provider empty: the best RDMA provider (if any) and the best socket provider (tcp, net,
+//     sockets: what every node has) unless require_rdma; provider "a,b": exactly those.
+//   domain: applies to every chosen provider that offers it (an error if none does); otherwise
+//     each provider's domain holding options.preferred_ip, else its first non-loopback one.
+// SelectProvider reports the first (best); its `fabrics` lists them all.
 Result<ProviderReport> SelectProvider(const Config& config, const EngineOptions& options = {});
 
 // What a registration allows. The exposure of a region is exactly its remote bits: a source needs
@@ -125,6 +146,22 @@ struct RemoteRegion {
 
   std::string Serialize() const;
   static Result<RemoteRegion> Parse(const std::string& bytes);
+};
+
+// Where a peer's engine listens: its provider, fabric and domain, and the provider's opaque
+// address bytes. An engine adds only peers of its own provider: addresses of two providers may
+// have the same length and format (sockets and tcp;ofi_rxm: both a sockaddr_in) but never work
+// with each other.
+struct FabricAddress {
+  std::string provider;
+  std::string fabric;
+  std::string domain;
+  std::string bytes;
+
+  std::string Describe() const;  // "tcp;ofi_rxm/eth0"
+  // For tests and the benchmark; the agent carries the fields in its protobuf messages.
+  std::string Serialize() const;
+  static Result<FabricAddress> Parse(const std::string& serialized);
 };
 
 class EngineCore;
@@ -215,18 +252,22 @@ struct EngineStats {
 class Engine {
  public:
   // Selects the provider, opens fabric/domain/endpoint/AV/CQ, starts the progress thread and
-  // logs once which provider is used and why.
+  // logs once which provider is used and why. Opens the best fabric SelectProvider chose.
   static Result<std::unique_ptr<Engine>> Open(const Config& config,
                                               const EngineOptions& options = {});
+  // One engine per fabric SelectProvider chose, best first (the agent: one per fabric class).
+  static Result<std::vector<std::unique_ptr<Engine>>> OpenAll(const Config& config,
+                                                              const EngineOptions& options = {});
   ~Engine();
 
   const ProviderReport& report() const;
   const ProviderProfile& profile() const;
 
-  // This endpoint's fabric address (opaque bytes), to send to peers once.
-  std::string Address() const;
+  // This endpoint's fabric address, to send to peers once.
+  FabricAddress Address() const;
   // Inserts a peer's address into the address vector once; later calls return the same id.
-  Result<PeerId> AddPeer(const std::string& address);
+  // InvalidArgument (naming both) for an address of another provider or of the wrong size.
+  Result<PeerId> AddPeer(const FabricAddress& address);
 
   // Registers [base, base+length) with exactly `access` (Access bits). With Sharing::kShared a
   // range inside an already registered region of the same access returns that region

@@ -18,6 +18,9 @@ from rayfabric.doctor import agent_fabric_env
 
 NAMESPACE = "rayfabric"
 KV_PREFIX = "agent:"
+# Nodes where no agent could start (e.g. no provider that reaches other hosts), with the reason:
+# gets that involve them go Ray's path at once and say why.
+KV_UNAVAILABLE = "unavailable:"
 
 
 def agent_binary():
@@ -101,8 +104,13 @@ class NodeAgent:
         line = self.proc.stdout.readline().decode(errors="replace").strip()
         if not line.startswith("RAYFABRICD_READY "):
             self.proc.wait(timeout=10)
-            detail = line.split(" ", 1)[1] if line.startswith("RAYFABRICD_ERROR ") else \
-                f"exit status {self.proc.returncode}; see {self.log}"
+            detail = f"exit status {self.proc.returncode}; see {self.log}"
+            if line.startswith("RAYFABRICD_ERROR "):
+                try:
+                    err = json.loads(line.split(" ", 1)[1])
+                    detail = f"{err['code']}: {err['error']}"
+                except (ValueError, KeyError):
+                    detail = line.split(" ", 1)[1]
             raise RuntimeError(f"rayfabricd did not start on node {node_hex[:12]}: {detail}")
         self.record = json.loads(line.split(" ", 1)[1])
         self.record.update({"node_id": node_hex, "log": self.log, "ip": ip})
@@ -174,8 +182,20 @@ def env_for(node_hex, env=None, node_env=None):
     return {**(env or {}), **own}
 
 
+def _startup_error(e):
+    """The agent's own one-line reason out of Ray's actor-creation error around it."""
+    text = str(e)
+    at = text.rfind("rayfabricd did not start on node")
+    if at >= 0:
+        return text[at:].splitlines()[0].replace("\x1b[39m", "").strip()
+    return text.strip().splitlines()[-1] if text.strip() else type(e).__name__
+
+
 def start_all(provider=None, env=None, node_env=None):
-    """Starts agents on every alive node, in parallel; returns {node_hex: record}."""
+    """Starts agents on every alive node, in parallel; returns {node_hex: record}. A node whose
+    agent cannot start (no usable provider, a bad setting) is recorded as unavailable with the
+    reason and warned about: its objects move by Ray's own path. Raises only if no node could start
+    one (then nothing would move by the fabric at all)."""
     records = {}
     errors = {}
     threads = []
@@ -184,20 +204,42 @@ def start_all(provider=None, env=None, node_env=None):
         try:
             records[node] = start_on(node, provider, env_for(node, env, node_env))
         except Exception as e:  # noqa: BLE001 - reported per node below
-            errors[node] = e
+            errors[node] = _startup_error(e)
     for node in alive_nodes():
         t = threading.Thread(target=one, args=(node,))
         t.start()
         threads.append(t)
     for t in threads:
         t.join()
+    for node in records:
+        internal_kv._internal_kv_del(KV_UNAVAILABLE + node, namespace=NAMESPACE)
+    for node, e in errors.items():
+        internal_kv._internal_kv_put(KV_UNAVAILABLE + node, str(e)[:1000], overwrite=True, namespace=NAMESPACE)
     if errors:
         msg = "; ".join(f"{n[:12]}: {e}" for n, e in errors.items())
-        raise RuntimeError(f"rayfabric agents failed to start on {len(errors)} node(s): {msg}")
+        if not records:
+            raise RuntimeError(f"rayfabric agents failed to start on {len(errors)} node(s): {msg}")
+        print(f"rayfabric: WARNING: no agent on {len(errors)} node(s); their objects move by Ray's own "
+              f"path: {msg}", file=sys.stderr)
     return records
 
 
+def unavailable():
+    """{node_hex: why} of alive nodes where no agent could start."""
+    alive = set(alive_nodes())
+    out = {}
+    for key in internal_kv._internal_kv_list(KV_UNAVAILABLE, namespace=NAMESPACE):
+        key = key.decode() if isinstance(key, bytes) else key
+        node = key[len(KV_UNAVAILABLE):]
+        value = internal_kv._internal_kv_get(key, namespace=NAMESPACE)
+        if node in alive and value:
+            out[node] = value.decode(errors="replace") if isinstance(value, bytes) else value
+    return out
+
+
 def stop_all():
+    for key in internal_kv._internal_kv_list(KV_UNAVAILABLE, namespace=NAMESPACE):
+        internal_kv._internal_kv_del(key.decode() if isinstance(key, bytes) else key, namespace=NAMESPACE)
     stopped = 0
     for node in alive_nodes():
         try:
@@ -242,8 +284,9 @@ class NodeWatcher(threading.Thread):
         while not self.stopped.wait(self.interval_s):
             try:
                 known = published()
+                failed = unavailable()
                 for node in alive_nodes():
-                    if node not in known:
+                    if node not in known and node not in failed:
                         start_on(node, self.provider, env_for(node, self.env, self.node_env))
             except Exception as e:  # noqa: BLE001 - keep watching; say why once per failure
                 print(f"rayfabric: could not start an agent on a new node: {e}", file=sys.stderr)

@@ -53,9 +53,11 @@ class AgentClient:
     def info(self, timeout=10):
         return self._info(pb.InfoRequest(protocol_version=PROTOCOL), timeout=timeout)
 
-    def lease(self, object_ids, ttl_ms=0, timeout=10, protocol_version=PROTOCOL):
+    def lease(self, object_ids, ttl_ms=0, timeout=10, protocol_version=PROTOCOL, reader_providers=()):
+        """reader_providers: the providers the reader speaks (empty: the source's best fabric)."""
         return self._lease(pb.LeaseRequest(protocol_version=protocol_version, object_ids=object_ids,
-                                           ttl_ms=ttl_ms, requester="python"), timeout=timeout)
+                                           ttl_ms=ttl_ms, requester="python",
+                                           reader_providers=list(reader_providers)), timeout=timeout)
 
     def release(self, leases, timeout=10):
         """leases: iterable of (lease_id, token)."""

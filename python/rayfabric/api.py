@@ -69,8 +69,40 @@ def _agent_records(refresh=False):
     now = time.monotonic()
     if refresh or now - _agents_cache["at"] > 5.0:
         _agents_cache["records"] = _agents.published()
+        _agents_cache["unavailable"] = _agents.unavailable()
         _agents_cache["at"] = now
     return _agents_cache["records"]
+
+
+def _providers(record):
+    """The providers an agent speaks, best first (an older agent's record names one)."""
+    return [f["provider"] for f in record.get("fabrics") or []] or [record.get("provider")]
+
+
+def _pick_source(local, nodes, agents):
+    """(source agent address, None) of the holder that shares the best of this node's providers
+    with it, or (None, why) when none can be read by the fabric."""
+    mine = _providers(local)
+    best = None
+    for n in nodes:
+        if n not in agents:
+            continue
+        theirs = set(_providers(agents[n]))
+        rank = next((i for i, p in enumerate(mine) if p in theirs), None)
+        if rank is not None and (best is None or rank < best[0]):
+            best = (rank, agents[n]["address"])
+    if best is not None:
+        return best[1], None
+    failed = _agents_cache.get("unavailable") or {}
+    with_agent = [n for n in nodes if n in agents]
+    if with_agent:
+        return None, ("no fabric shared between this node (" + ", ".join(mine) + ") and the node(s) holding "
+                      "the object (" + "; ".join(f"{n[:12]}: {', '.join(_providers(agents[n]))}"
+                                                 for n in with_agent) + ")")
+    why = [f"{n[:12]}: {failed[n][:200]}" for n in nodes if n in failed]
+    if why:
+        return None, "no rayfabric agent on the node(s) holding the object (" + "; ".join(why) + ")"
+    return None, "no rayfabric agent on the node(s) holding the object"
 
 
 def _client(address):
@@ -136,7 +168,9 @@ def _pull(refs, timeout):
                   "restart it with `rayfabric stop && rayfabric start`", len(ready))
         return
     if local is None:
-        _fallback(f"no rayfabric agent on this node ({here[:12]}): rayfabric.init() or `rayfabric start`",
+        why = (_agents_cache.get("unavailable") or {}).get(here)
+        _fallback(f"no rayfabric agent on this node ({here[:12]})"
+                  + (f": it could not start: {why[:300]}" if why else ": rayfabric.init() or `rayfabric start`"),
                   len(ready))
         return
     core_worker = ray._private.worker.global_worker.core_worker
@@ -168,9 +202,9 @@ def _pull(refs, timeout):
     for attempt in range(2):
         items = []
         for ref, nodes, size in candidates:
-            source = next((agents[n]["address"] for n in nodes if n in agents), None)
+            source, why = _pick_source(local, nodes, agents)
             if source is None:
-                _fallback("no rayfabric agent on the node(s) holding the object")
+                _fallback(why)
                 continue
             items.append(pb.PullItem(object_id=ref.binary(), owner=_owner(core_worker, ref), source_agent=source,
                                      object_size=size))
@@ -257,8 +291,14 @@ def status(timeout=10):
             d = {f.name: getattr(s, f.name) for f in pb.StatusReply.DESCRIPTOR.fields if f.name != "info"}
             d.update({"address": rec["address"], "provider": s.info.provider, "domain": s.info.domain,
                       "pid": s.info.pid, "alive": True, "exposure": s.info.exposure,
-                      "token_auth": s.info.token_auth, "tls": s.info.tls})
+                      "token_auth": s.info.token_auth, "tls": s.info.tls,
+                      "fabrics": [{"provider": f.provider, "domain": f.domain, "rdma": f.rdma,
+                                   "exposure": f.exposure} for f in s.info.fabrics],
+                      "peer_links": [{f.name: getattr(link, f.name) for f in pb.PeerLink.DESCRIPTOR.fields}
+                                     for link in s.peer_links]})
         except Exception as e:  # noqa: BLE001 - report the dead agent, keep going
             d = {"address": rec["address"], "alive": False, "error": str(e)[:200]}
         out[node] = d
+    for node, why in _agents.unavailable().items():
+        out.setdefault(node, {"alive": False, "error": "no agent could start here: " + why[:300]})
     return {"agents": out, "local": stats()}

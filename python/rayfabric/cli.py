@@ -27,12 +27,18 @@ def _print_status(st):
           f"{'pulled':>8s} {'MiB pulled':>11s} {'leases':>7s} {'pinned MiB':>11s} {'failed':>7s}")
     for node, a in sorted(rows.items()):
         if not a.get("alive"):
-            print(f"{node[:12]:14s} {a['address']:22s} DEAD: {a.get('error', '')}")
+            print(f"{node[:12]:14s} {a.get('address', '-'):22s} DEAD: {a.get('error', '')}")
             continue
         auth = "+".join(x for x, on in (("token", a.get("token_auth")), ("tls", a.get("tls"))) if on) or "none"
         print(f"{node[:12]:14s} {a['address']:22s} {a['provider']:14s} {a['domain']:8s} {a.get('exposure', '?'):8s} "
               f"{auth:9s} {a['objects_pulled']:8d} {a['bytes_pulled'] / 2**20:11.1f} {a['leases_active']:7d} "
               f"{a['pinned_bytes'] / 2**20:11.1f} {a['pulls_failed']:7d}")
+        if len(a.get("fabrics") or []) > 1:
+            print(f"{'':14s} fabrics: " + ", ".join(f"{f['provider']}/{f['domain']}" for f in a["fabrics"]))
+        for link in a.get("peer_links") or []:
+            print(f"{'':14s} from {link['peer']:22s} over {link['provider'] or 'NONE'}"
+                  f"{'/' + link['domain'] if link['domain'] else ''}: {link['objects_pulled']} pulled, "
+                  f"{link['pulls_failed']} failed" + (f" ({link['last_error'][:80]})" if link["last_error"] else ""))
 
 
 def main(argv=None):

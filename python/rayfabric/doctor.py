@@ -762,8 +762,12 @@ def render_text(r: Mapping[str, Any]) -> str:
             L.append(f"  keys         checked: {'yes' if sel.get('checks_remote_keys') else 'NO'}, revoked by "
                      f"deregistration: {'yes' if sel['deregistration_revokes_keys'] else 'NO'} "
                      f"({sel.get('key_lifetime', '')})")
+        fabrics = [f"{f.get('provider')}/{f.get('domain')}" for f in sel.get("fabrics", [])]
+        if fabrics:
+            L.append(f"  fabrics      {', '.join(fabrics)} (an agent opens them all; each peer gets "
+                     "the best one both nodes have)")
         others = [f"{c.get('provider')}/{c.get('domain')}" for c in sel.get("candidates", [])
-                  if c.get("verdict") != "chosen"]
+                  if not str(c.get("verdict", "")).startswith("chosen")]
         if others:
             L.append(f"  passed over  {', '.join(others)}")
     else:

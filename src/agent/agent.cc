@@ -157,40 +157,48 @@ Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options) {
         "like 50%)");
   }
   RF_ASSIGN_OR_RETURN(bool allow_unprotected, options.config.GetBool("allow_unprotected_memory"));
-  RF_ASSIGN_OR_RETURN(auto engine, fabric::Engine::Open(options.config));
-  const fabric::ProviderProfile& profile = engine->profile();
-  if (!profile.enforces_access) {
-    if (!allow_unprotected) {
-      return PermissionDenied(
-          "provider " + profile.provider + " does not enforce registration access (" +
-          profile.access_note +
-          "): peers holding or guessing a key could write this node's object store. Set "
-          "FI_MR_CACHE_MAX_COUNT=0 for the agent (verbs/efa), choose another provider, or accept "
-          "the risk with RAYFABRIC_ALLOW_UNPROTECTED_MEMORY=true");
-    }
-    RF_LOG(kWarn, "serving plasma memory on "
-                      << profile.provider << " although it does not enforce access ("
-                      << profile.access_note << "): allowed by allow_unprotected_memory");
-  }
-  // What a lease exposes: the default follows what a registration costs on this provider.
   const std::string exposure = options.config.GetString("exposure");
-  Exposure chosen = Exposure::kArena;
-  if (exposure == "object" || (exposure == "auto" && !profile.rdma)) {
-    chosen = Exposure::kObject;
-  } else if (exposure != "arena" && exposure != "auto") {
+  if (exposure != "object" && exposure != "arena" && exposure != "auto") {
     return InvalidArgument("exposure='" + exposure + "': use object, arena or auto");
   }
-  const bool object_exposure = chosen == Exposure::kObject;
-  if (object_exposure && !profile.deregistration_revokes_keys) {
-    RF_LOG(kWarn, "exposure=object on " << profile.provider << ": a lease's key may outlive its "
-                                        << "release (" << profile.key_lifetime << ")");
+  fabric::EngineOptions engine_options;
+  engine_options.preferred_ip = options.listen_host;
+  RF_ASSIGN_OR_RETURN(auto engines, fabric::Engine::OpenAll(options.config, engine_options));
+  std::vector<Fabric> fabrics;
+  for (auto& engine : engines) {
+    const fabric::ProviderProfile& profile = engine->profile();
+    if (!profile.enforces_access) {
+      if (!allow_unprotected) {
+        return PermissionDenied(
+            "provider " + profile.provider + " does not enforce registration access (" +
+            profile.access_note +
+            "): peers holding or guessing a key could write this node's object store. Set "
+            "FI_MR_CACHE_MAX_COUNT=0 for the agent (verbs/efa), choose another provider, or "
+            "accept the risk with RAYFABRIC_ALLOW_UNPROTECTED_MEMORY=true");
+      }
+      RF_LOG(kWarn, "serving plasma memory on "
+                        << profile.provider << " although it does not enforce access ("
+                        << profile.access_note << "): allowed by allow_unprotected_memory");
+    }
+    // What a lease exposes: by default, what a registration costs on this provider decides.
+    Fabric fab;
+    fab.exposure = exposure == "object" || (exposure == "auto" && !profile.rdma) ? Exposure::kObject
+                                                                                 : Exposure::kArena;
+    if (fab.exposure == Exposure::kObject && !profile.deregistration_revokes_keys) {
+      RF_LOG(kWarn, "exposure=object on " << profile.provider << ": a lease's key may outlive its "
+                                          << "release (" << profile.key_lifetime << ")");
+    }
+    RF_LOG(kInfo, "fabric " << profile.provider << "/" << profile.domain << ": exposure "
+                            << (fab.exposure == Exposure::kObject
+                                    ? "object (a key per lease, for its bytes only)"
+                                    : "arena (one read-only key for the store)")
+                            << (exposure == "auto" ? " (auto, from the provider)" : ""));
+    fab.engine = std::move(engine);
+    fabrics.push_back(std::move(fab));
   }
-  RF_LOG(kInfo, "exposure: " << (object_exposure ? "object (a key per lease, for its bytes only)"
-                                                 : "arena (one read-only key for the store)")
-                             << (exposure == "auto" ? " (auto, from the provider)" : ""));
   return std::unique_ptr<Agent>(new Agent(std::move(options), std::move(serve_store),
-                                          std::move(pull_store), std::move(engine),
-                                          max_lease_bytes_per_peer, chosen));
+                                          std::move(pull_store), std::move(fabrics),
+                                          max_lease_bytes_per_peer));
 }
 
 struct Agent::PendingRelease {
@@ -201,13 +209,11 @@ struct Agent::PendingRelease {
 };
 
 Agent::Agent(AgentOptions options, StorePtr serve_store, StorePtr pull_store,
-             std::unique_ptr<fabric::Engine> engine, uint64_t max_lease_bytes_per_peer,
-             Exposure exposure)
+             std::vector<Fabric> fabrics, uint64_t max_lease_bytes_per_peer)
     : options_(std::move(options)),
       serve_store_(std::move(serve_store)),
       pull_store_(std::move(pull_store)),
-      engine_(std::move(engine)),
-      exposure_(exposure),
+      fabrics_(std::move(fabrics)),
       leases_(static_cast<size_t>(options_.config.GetInt("max_leases").value()),
               max_lease_bytes_per_peer),
       peers_(options_.credentials),
@@ -256,7 +262,7 @@ Agent::~Agent() {
   // The fabric endpoint closes first (no read can land any more, quarantined ones included);
   // then the store connections go (the store aborts what is unsealed), while everything their
   // unmap callbacks touch is still alive.
-  engine_.reset();
+  for (Fabric& fab : fabrics_) fab.engine.reset();
   {
     std::lock_guard<std::mutex> lock(quarantine_mu_);
     quarantine_.clear();
@@ -268,7 +274,22 @@ Agent::~Agent() {
     pull_store_.reset();
   }
   std::lock_guard<std::mutex> lock(regions_mu_);
-  regions_.clear();
+  for (Fabric& fab : fabrics_) fab.segments.clear();
+}
+
+Agent::Fabric* Agent::FabricFor(const std::string& provider) {
+  for (Fabric& fab : fabrics_) {
+    if (fab.provider() == provider) return &fab;
+  }
+  return nullptr;
+}
+
+std::string Agent::FabricList() const {
+  std::string out;
+  for (const Fabric& fab : fabrics_) {
+    out += (out.empty() ? "" : ", ") + fab.provider() + "/" + fab.engine->profile().domain;
+  }
+  return out;
 }
 
 void Agent::WatchSegments(plasma::PlasmaClient& store) {
@@ -362,22 +383,24 @@ void Agent::Unpin(const LeasedObject& object) {
   if (object.store_generation == generation) (void)store->Release(object.object);
 }
 
-Result<std::shared_ptr<fabric::MemoryRegion>> Agent::RegionFor(uint8_t* base, size_t size) {
+Result<std::shared_ptr<fabric::MemoryRegion>> Agent::RegionFor(Fabric& fab, uint8_t* base,
+                                                               size_t size) {
   std::lock_guard<std::mutex> lock(regions_mu_);
-  auto it = regions_.find(base);
-  if (it != regions_.end() && it->second.region->length() >= size) return it->second.region;
+  auto it = fab.segments.find(base);
+  if (it != fab.segments.end() && it->second.region->length() >= size) return it->second.region;
   // The whole segment (the store's arena: every later object in it is served or filled with no
   // new registration), with exactly what the two sides need: this process's fi_read writes
   // replicas into it (pulling), and with arena exposure peers may read it (serving). Never remote
   // write.
-  const uint32_t access =
-      exposure_ == Exposure::kArena ? fabric::kLocalRead | fabric::kRemoteRead : fabric::kLocalRead;
+  const uint32_t access = fab.exposure == Exposure::kArena
+                              ? fabric::kLocalRead | fabric::kRemoteRead
+                              : fabric::kLocalRead;
   // Private: this map is the cache, and it forgets a segment when it is unmapped; the engine's
   // own cache could hand back a registration of memory unmapped since (a new segment mapped at
   // the same address), still alive while a transfer holds it.
   RF_ASSIGN_OR_RETURN(auto region,
-                      engine_->Register(base, size, access, fabric::Sharing::kPrivate));
-  regions_[base] = Registered{region};
+                      fab.engine->Register(base, size, access, fabric::Sharing::kPrivate));
+  fab.segments[base] = Registered{region};
   return region;
 }
 
@@ -385,7 +408,7 @@ void Agent::OnSegmentUnmapped(const plasma::SegmentInfo& segment) {
   // Runs before the segment is unmapped: drop our registration so that no stale region can be
   // found at this address again.
   std::lock_guard<std::mutex> lock(regions_mu_);
-  regions_.erase(segment.base);
+  for (Fabric& fab : fabrics_) fab.segments.erase(segment.base);
 }
 
 v1::InfoReply Agent::Info() const {
@@ -394,14 +417,26 @@ v1::InfoReply Agent::Info() const {
   info.set_agent_version("0.1.0");
   info.set_ray_version(options_.ray_version);
   info.set_node_id(options_.node_id);
-  info.set_provider(engine_->profile().provider);
-  info.set_domain(engine_->profile().domain);
-  info.set_fabric_address(engine_->Address());
-  info.set_provider_reason(engine_->report().reason);
+  const fabric::Engine& best = *fabrics_.front().engine;
+  info.set_provider(best.profile().provider);
+  info.set_domain(best.profile().domain);
+  info.set_fabric_address(best.Address().bytes);
+  info.set_provider_reason(best.report().reason);
+  for (const Fabric& fab : fabrics_) {
+    v1::FabricInfo* f = info.add_fabrics();
+    const fabric::FabricAddress address = fab.engine->Address();
+    f->set_provider(address.provider);
+    f->set_fabric(address.fabric);
+    f->set_domain(address.domain);
+    f->set_address(address.bytes);
+    f->set_rdma(fab.engine->profile().rdma);
+    f->set_reason(fab.engine->report().reason);
+    f->set_exposure(fab.exposure == Exposure::kObject ? "object" : "arena");
+  }
   info.set_pid(static_cast<int32_t>(getpid()));
   info.set_token_auth(options_.credentials.token_required());
   info.set_tls(options_.credentials.tls());
-  info.set_exposure(exposure_ == Exposure::kObject ? "object" : "arena");
+  info.set_exposure(fabrics_.front().exposure == Exposure::kObject ? "object" : "arena");
   info.set_max_lease_ttl_ms(static_cast<uint32_t>(max_ttl_.count()));
   return info;
 }
@@ -412,23 +447,25 @@ void Agent::RefuseLease(v1::Lease& lease, const Status& why) {
   lease.set_error(why.message());
 }
 
-void Agent::GrantLease(v1::Lease& lease, const ObjectId& id, const plasma::ObjectBuffer& obj,
-                       std::chrono::milliseconds ttl, const std::string& requester,
-                       plasma::PlasmaClient& store, uint64_t generation) {
+void Agent::GrantLease(Fabric& fab, v1::Lease& lease, const ObjectId& id,
+                       const plasma::ObjectBuffer& obj, std::chrono::milliseconds ttl,
+                       const std::string& requester, plasma::PlasmaClient& store,
+                       uint64_t generation) {
   // `obj` is pinned by our Get: every refusal below unpins it.
   const uint64_t bytes = obj.data_size + obj.metadata_size;
   std::shared_ptr<fabric::MemoryRegion> region;
-  if (exposure_ == Exposure::kObject) {
+  if (fab.exposure == Exposure::kObject) {
     // A registration of this object's bytes alone, with a key of its own, dropped when the
     // lease ends: the holder can read this object and nothing else, and only while leased.
-    auto own = engine_->Register(obj.data, bytes, fabric::kRemoteRead, fabric::Sharing::kPrivate);
+    auto own =
+        fab.engine->Register(obj.data, bytes, fabric::kRemoteRead, fabric::Sharing::kPrivate);
     if (!own.ok()) {
       (void)store.Release(id);
       return RefuseLease(lease, own.status().WithContext("registering object " + id.Hex()));
     }
     region = *own;
   } else {
-    auto arena = RegionFor(obj.segment_base, obj.segment_size);
+    auto arena = RegionFor(fab, obj.segment_base, obj.segment_size);
     if (!arena.ok()) {
       (void)store.Release(id);
       return RefuseLease(
@@ -446,7 +483,7 @@ void Agent::GrantLease(v1::Lease& lease, const ObjectId& id, const plasma::Objec
     (void)store.Release(id);
     return RefuseLease(lease, grant.status());
   }
-  if (exposure_ == Exposure::kObject) lease_regions_[grant->id] = region;
+  if (fab.exposure == Exposure::kObject) lease_regions_[grant->id] = region;
   regions_lock.unlock();
   ++leases_granted_;
   bytes_leased_ += bytes;
@@ -459,7 +496,7 @@ void Agent::GrantLease(v1::Lease& lease, const ObjectId& id, const plasma::Objec
   lease.set_expires_in_ms(static_cast<uint64_t>(ttl.count()));
 }
 
-void Agent::LeaseBatch(v1::LeaseReply& reply, const std::vector<int>& indices,
+void Agent::LeaseBatch(Fabric& fab, v1::LeaseReply& reply, const std::vector<int>& indices,
                        const std::vector<ObjectId>& ids, std::chrono::milliseconds ttl,
                        const std::string& requester) {
   if (indices.empty()) return;
@@ -476,7 +513,7 @@ void Agent::LeaseBatch(v1::LeaseReply& reply, const std::vector<int>& indices,
     v1::Lease& lease = *reply.mutable_leases(indices[k]);
     if (pinned) {
       if ((*pinned)[k].found) {
-        GrantLease(lease, ids[k], (*pinned)[k], ttl, requester, *store, generation);
+        GrantLease(fab, lease, ids[k], (*pinned)[k], ttl, requester, *store, generation);
       } else {
         RefuseLease(lease, store->NotSealed(ids[k], 0));
       }
@@ -484,7 +521,7 @@ void Agent::LeaseBatch(v1::LeaseReply& reply, const std::vector<int>& indices,
     }
     auto one = store->GetOne(ids[k], 0);
     if (one.ok()) {
-      GrantLease(lease, ids[k], *one, ttl, requester, *store, generation);
+      GrantLease(fab, lease, ids[k], *one, ttl, requester, *store, generation);
     } else {
       RefuseLease(lease, one.status());
     }
@@ -493,8 +530,35 @@ void Agent::LeaseBatch(v1::LeaseReply& reply, const std::vector<int>& indices,
 
 v1::LeaseReply Agent::Lease(const v1::LeaseRequest& request, const std::string& requester) {
   v1::LeaseReply reply;
-  reply.set_fabric_address(engine_->Address());
-  reply.set_provider(engine_->profile().provider);
+  // The best of this node's fabrics that the reader speaks too (an older reader lists none: the
+  // best one).
+  Fabric* fab = request.reader_providers().empty() ? &fabrics_.front() : nullptr;
+  for (Fabric& candidate : fabrics_) {
+    if (fab != nullptr) break;
+    for (const std::string& provider : request.reader_providers()) {
+      if (provider == candidate.provider()) fab = &candidate;
+    }
+  }
+  if (fab == nullptr) {
+    std::string theirs;
+    for (const std::string& provider : request.reader_providers()) {
+      theirs += (theirs.empty() ? "" : ", ") + provider;
+    }
+    const Status none =
+        Unavailable("no fabric in common: this node speaks " + FabricList() + ", the reader (" +
+                    requester + ") " + theirs + "; this pair of nodes uses Ray's own transfer");
+    for (int i = 0; i < request.object_ids_size(); ++i) {
+      v1::Lease* lease = reply.add_leases();
+      lease->set_object_id(request.object_ids(i));
+      RefuseLease(*lease, none);
+    }
+    return reply;
+  }
+  const fabric::FabricAddress address = fab->engine->Address();
+  reply.set_fabric_address(address.bytes);
+  reply.set_provider(address.provider);
+  reply.set_domain(address.domain);
+  reply.set_fabric(address.fabric);
   // A reader asks for as long as its pull may take; no longer than max_lease_ttl_ms.
   auto ttl = request.ttl_ms() > 0 ? std::chrono::milliseconds(request.ttl_ms()) : default_ttl_;
   ttl = std::min(ttl, max_ttl_);
@@ -504,7 +568,7 @@ v1::LeaseReply Agent::Lease(const v1::LeaseRequest& request, const std::string& 
   std::vector<ObjectId> batch_ids;
   std::set<ObjectId> in_batch;
   auto flush = [&] {
-    LeaseBatch(reply, batch, batch_ids, ttl, requester);
+    LeaseBatch(*fab, reply, batch, batch_ids, ttl, requester);
     batch.clear();
     batch_ids.clear();
     in_batch.clear();
@@ -610,7 +674,8 @@ void Agent::EndFailedReplica(PullJob& job, const StorePtr& store) {
 v1::PullReply Agent::Pull(const v1::PullRequest& request, Clock::time_point caller_deadline,
                           std::function<bool()> cancelled) {
   v1::PullReply reply;
-  reply.set_provider(engine_->profile().provider);
+  // The best fabric; each result says which one its read used.
+  reply.set_provider(fabrics_.front().provider());
   const auto deadline =
       std::min(caller_deadline, Clock::now() + std::chrono::milliseconds(request.timeout_ms() > 0
                                                                              ? request.timeout_ms()
@@ -757,6 +822,7 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
   lease_request.set_ttl_ms(static_cast<uint32_t>(
       std::clamp<int64_t>(wanted.count(), 1, std::numeric_limits<uint32_t>::max())));
   for (PullJob* job : jobs) lease_request.add_object_ids(job->id.Binary());
+  for (const Fabric& fab : fabrics_) lease_request.add_reader_providers(fab.provider());
   v1::LeaseReply lease_reply;
   grpc::ClientContext lease_ctx;
   peers_.Prepare(lease_ctx);
@@ -790,17 +856,29 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
     for (PullJob* job : jobs) {
       if (!AnsweredLocal(*job, *store)) SetError(*job->result, leased_status);
     }
+    RecordLink(source, lease_reply, nullptr, jobs);
     return;
   }
+  // The source answered on the best fabric both nodes speak; its address names the provider, and
+  // only this node's engine of that provider may insert it.
   fabric::PeerId peer = 0;
   fabric::RemoteRegion remote;
   std::string last_region;
   Status peer_status = Status::OK();
-  auto added = engine_->AddPeer(lease_reply.fabric_address());
-  if (added.ok()) {
-    peer = *added;
+  Fabric* fab = FabricFor(lease_reply.provider());
+  if (fab == nullptr) {
+    peer_status =
+        Unavailable("the agent at " + source + " answered on provider '" + lease_reply.provider() +
+                    "', which this node does not speak (" + FabricList() + ")");
   } else {
-    peer_status = added.status().WithContext("adding the agent at " + source + " as a fabric peer");
+    auto added = fab->engine->AddPeer({lease_reply.provider(), lease_reply.fabric(),
+                                       lease_reply.domain(), lease_reply.fabric_address()});
+    if (added.ok()) {
+      peer = *added;
+    } else {
+      peer_status =
+          added.status().WithContext("adding the agent at " + source + " as a fabric peer");
+    }
   }
   for (size_t i = 0; i < jobs.size(); ++i) {
     PullJob& job = *jobs[i];
@@ -834,6 +912,7 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
     }
     if (!peer_status.ok()) SetError(*job.result, peer_status);
   }
+  for (PullJob* job : jobs) job->result->set_provider(lease_reply.provider());
 
   // 2. In waves: create the replica, start its read; then wait, seal or abort.
   size_t next = 0;
@@ -897,7 +976,7 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
       }
       std::shared_ptr<fabric::MemoryRegion> local;
       if (s.ok()) {
-        auto region = RegionFor(job.replica.segment_base, job.replica.segment_size);
+        auto region = RegionFor(*fab, job.replica.segment_base, job.replica.segment_size);
         s = region.status();
         if (region.ok()) local = *region;
       }
@@ -908,8 +987,8 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
         if (!populated.ok() && !populate_warned_.exchange(true)) {
           RF_LOG(kInfo, "replicas are not populated before reads: " << populated.message());
         }
-        auto started = engine_->Start(fabric::RmaOp::kRead, peer, remote, local,
-                                      {{job.replica.data, bytes, job.lease.offset()}});
+        auto started = fab->engine->Start(fabric::RmaOp::kRead, peer, remote, local,
+                                          {{job.replica.data, bytes, job.lease.offset()}});
         s = started.status();
         if (started.ok()) job.transfer = *started;
       }
@@ -965,6 +1044,8 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
       }
     }
   }
+
+  RecordLink(source, lease_reply, fab, jobs);
 
   // 3. Release every lease we got, whatever happened.
   v1::ReleaseRequest release;
@@ -1027,7 +1108,13 @@ v1::StatusReply Agent::GetStatus() const {
   s.set_leases_active(leases_.active());
   s.set_pinned_bytes(leases_.pinned_bytes());
   s.set_bytes_leased(bytes_leased_);
-  auto stats = engine_->stats();
+  fabric::EngineStats stats;
+  for (const Fabric& fab : fabrics_) {
+    const fabric::EngineStats one = fab.engine->stats();
+    stats.bytes_read += one.bytes_read;
+    stats.regions_registered += one.regions_registered;
+    stats.endpoint_resets += one.endpoint_resets;
+  }
   s.set_fabric_bytes_read(stats.bytes_read);
   s.set_registered_regions(stats.regions_registered);
   s.set_requests_rejected(requests_rejected_);
@@ -1039,7 +1126,30 @@ v1::StatusReply Agent::GetStatus() const {
   s.set_endpoint_resets(stats.endpoint_resets);
   s.set_store_reconnects(store_reconnects_);
   s.set_abandoned_creates_aborted(abandoned_creates_aborted_);
+  std::lock_guard<std::mutex> lock(links_mu_);
+  for (const auto& [source, link] : links_) *s.add_peer_links() = link;
   return s;
+}
+
+void Agent::RecordLink(const std::string& source, const v1::LeaseReply& lease_reply,
+                       const Fabric* fab, const std::vector<PullJob*>& jobs) {
+  std::lock_guard<std::mutex> lock(links_mu_);
+  v1::PeerLink& link = links_[source];
+  link.set_peer(source);
+  if (fab != nullptr) {
+    link.set_provider(fab->provider());
+    link.set_domain(fab->engine->profile().domain);
+    link.set_peer_domain(lease_reply.domain());
+  }
+  for (const PullJob* job : jobs) {
+    if (job->result->outcome() == v1::PULLED) {
+      link.set_objects_pulled(link.objects_pulled() + 1);
+      link.set_bytes_pulled(link.bytes_pulled() + job->result->bytes());
+    } else if (job->result->outcome() == v1::FAILED) {
+      link.set_pulls_failed(link.pulls_failed() + 1);
+      link.set_last_error(job->result->error().substr(0, 300));
+    }
+  }
 }
 
 }  // namespace rayfabric::agent

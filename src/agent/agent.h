@@ -40,6 +40,7 @@ struct AgentOptions {
   std::string plasma_socket;
   std::string ray_version;  // ray.__version__ of the cluster: the plasma client checks it
   std::string node_id;      // 28 raw bytes: the Ray node this agent serves
+  std::string listen_host;  // the node's IP (the --listen host): fabrics run on its interface
   Config config = Config::FromEnvironment();
   Credentials credentials = Credentials::Insecure();  // for calls to other agents
 };
@@ -47,7 +48,8 @@ struct AgentOptions {
 class Agent {
  public:
   // Connects to the store (twice: one connection serves leases, one creates replicas, so that
-  // a pull waiting for room in a full store never blocks serving) and opens the engine.
+  // a pull waiting for room in a full store never blocks serving) and opens one engine per
+  // fabric this node speaks.
   static Result<std::unique_ptr<Agent>> Open(AgentOptions options);
   ~Agent();  // unpins everything still leased
 
@@ -80,10 +82,22 @@ class Agent {
   // What a lease exposes (config "exposure"): the whole arena, or the leased object's bytes only
   // through a registration of its own, held in lease_regions_ by lease id until the lease ends.
   enum class Exposure { kArena, kObject };
+  // One fabric this node speaks: its engine, what a lease on it exposes, and the store segments
+  // registered with it (by base; guarded by regions_mu_).
+  struct Fabric {
+    std::unique_ptr<fabric::Engine> engine;
+    Exposure exposure = Exposure::kObject;
+    std::map<uint8_t*, Registered> segments;
+    const std::string& provider() const { return engine->profile().provider; }
+  };
 
   Agent(AgentOptions options, StorePtr serve_store, StorePtr pull_store,
-        std::unique_ptr<fabric::Engine> engine, uint64_t max_lease_bytes_per_peer,
-        Exposure exposure);
+        std::vector<Fabric> fabrics, uint64_t max_lease_bytes_per_peer);
+
+  // The fabric of `provider`, or null if this node does not speak it.
+  Fabric* FabricFor(const std::string& provider);
+  // "verbs;ofi_rxm/mlx5_0, tcp;ofi_rxm/eth0": what this node speaks, for errors.
+  std::string FabricList() const;
 
   // The current connection for serving (leases) / pulling (replicas); a broken one is replaced
   // first. The serve store's generation numbers its connections: a lease pinned on an older
@@ -93,16 +107,16 @@ class Agent {
   Result<StorePtr> ConnectStore();
   void WatchSegments(plasma::PlasmaClient& store);  // unmapped segments drop their registration
 
-  // The registered region covering a mapped store segment (registered once, dropped on unmap).
-  Result<std::shared_ptr<fabric::MemoryRegion>> RegionFor(uint8_t* segment_base,
+  // The region of `fab` covering a mapped store segment (registered once, dropped on unmap).
+  Result<std::shared_ptr<fabric::MemoryRegion>> RegionFor(Fabric& fab, uint8_t* segment_base,
                                                           size_t segment_size);
   void OnSegmentUnmapped(const plasma::SegmentInfo& segment);
-  void LeaseBatch(v1::LeaseReply& reply, const std::vector<int>& indices,
+  void LeaseBatch(Fabric& fab, v1::LeaseReply& reply, const std::vector<int>& indices,
                   const std::vector<ObjectId>& ids, std::chrono::milliseconds ttl,
                   const std::string& requester);
-  void GrantLease(v1::Lease& lease, const ObjectId& id, const plasma::ObjectBuffer& obj,
-                  std::chrono::milliseconds ttl, const std::string& requester,
-                  plasma::PlasmaClient& store, uint64_t generation);
+  void GrantLease(Fabric& fab, v1::Lease& lease, const ObjectId& id,
+                  const plasma::ObjectBuffer& obj, std::chrono::milliseconds ttl,
+                  const std::string& requester, plasma::PlasmaClient& store, uint64_t generation);
   // Unpins a leased object, on the connection it was pinned on if that one still lives.
   void Unpin(const LeasedObject& object);
   void RefuseLease(v1::Lease& lease, const Status& why);
@@ -142,8 +156,9 @@ class Agent {
   // Broken serving connections kept open while leases granted on them (their pins) remain.
   std::vector<std::pair<uint64_t, StorePtr>> retired_serve_;
   void SweepRetiredStores();
-  std::unique_ptr<fabric::Engine> engine_;
-  const Exposure exposure_;
+  // Best first; a pair of nodes uses the best fabric both speak (the source picks, from the
+  // reader's list). Fixed after Open.
+  std::vector<Fabric> fabrics_;
   LeaseTable leases_;
   PeerClients peers_;
   std::mutex lease_regions_mu_;
@@ -168,8 +183,13 @@ class Agent {
   std::condition_variable in_flight_cv_;
   std::set<ObjectId> in_flight_;  // objects some Pull is creating and reading right now
 
-  std::mutex regions_mu_;
-  std::map<uint8_t*, Registered> regions_;  // by segment base
+  std::mutex regions_mu_;  // guards every Fabric::segments
+
+  // What this agent pulled from each source agent, and over which fabric (GetStatus).
+  void RecordLink(const std::string& source, const v1::LeaseReply& lease_reply, const Fabric* fab,
+                  const std::vector<PullJob*>& jobs);
+  mutable std::mutex links_mu_;
+  std::map<std::string, v1::PeerLink> links_;
 
   std::atomic<uint64_t> objects_pulled_{0}, bytes_pulled_{0}, pulls_failed_{0},
       pulls_stood_aside_{0}, pulls_already_local_{0}, leases_granted_{0}, leases_released_{0},

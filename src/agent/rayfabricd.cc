@@ -8,8 +8,8 @@
 // socket --local-socket (this node's processes; the only place Pull is served), both with the
 // Ray cluster's credentials (token / TLS, from Ray's environment variables: agent/auth.h).
 // Once serving it prints one line `RAYFABRICD_READY {json}` (address, local_socket, provider,
-// domain, pid, token_auth, tls) to stdout; any startup error is one line
-// `RAYFABRICD_ERROR {json}` and exit status 1.
+// domain, fabrics: [{provider, domain, rdma}] best first, pid, token_auth, tls) to stdout; any
+// startup error is one line `RAYFABRICD_ERROR {json}` and exit status 1.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -123,6 +123,10 @@ int main(int argc, char** argv) {
   if (!credentials.ok()) return StartupError(credentials.status());
   RF_LOG(kInfo, "control plane: " << credentials->Describe());
   flags->agent.credentials = *credentials;
+  const std::string host = flags->listen.substr(0, flags->listen.rfind(':'));
+  // The node's IP: each fabric runs on the interface that holds it (unless RAYFABRIC_DOMAIN).
+  flags->agent.listen_host =
+      host.size() > 2 && host.front() == '[' ? host.substr(1, host.size() - 2) : host;
   auto agent = Agent::Open(flags->agent);
   if (!agent.ok()) return StartupError(agent.status());
   AgentService service(agent->get(), *credentials);
@@ -147,12 +151,19 @@ int main(int argc, char** argv) {
   if (chmod(flags->local_socket.c_str(), 0600) != 0) {
     return StartupError(rayfabric::Unavailable("chmod 0600 " + flags->local_socket + " failed"));
   }
-  const std::string host = flags->listen.substr(0, flags->listen.rfind(':'));
   const auto info = (*agent)->Info();
+  std::string fabrics;
+  for (const auto& f : info.fabrics()) {
+    fabrics += std::string(fabrics.empty() ? "" : ",") +
+               "{\"provider\":" + JsonString(f.provider()) +
+               ",\"domain\":" + JsonString(f.domain()) +
+               ",\"rdma\":" + (f.rdma() ? "true" : "false") + "}";
+  }
   std::cout << "RAYFABRICD_READY {\"address\":" << JsonString(host + ":" + std::to_string(port))
             << ",\"local_socket\":" << JsonString(flags->local_socket)
             << ",\"provider\":" << JsonString(info.provider())
-            << ",\"domain\":" << JsonString(info.domain()) << ",\"pid\":" << info.pid()
+            << ",\"domain\":" << JsonString(info.domain()) << ",\"fabrics\":[" << fabrics << "]"
+            << ",\"pid\":" << info.pid()
             << ",\"token_auth\":" << (info.token_auth() ? "true" : "false")
             << ",\"tls\":" << (info.tls() ? "true" : "false") << "}" << std::endl;
   int sig = 0;

@@ -9,11 +9,15 @@ namespace rayfabric {
 const std::vector<ConfigEntry>& ConfigTable() {
   static const std::vector<ConfigEntry> table = {
       {"provider", "RAYFABRIC_PROVIDER", "",
-       "libfabric provider to use (e.g. 'verbs;ofi_rxm', 'efa', 'tcp;ofi_rxm', 'sockets'); "
-       "empty: rank what fi_info offers (efa, verbs above tcp, tcp above sockets). FI_PROVIDER, "
-       "if set, also restricts what libfabric offers."},
+       "libfabric providers to use, a comma list (e.g. 'verbs;ofi_rxm,tcp;ofi_rxm', 'efa', "
+       "'sockets'); empty: rank what fi_info offers (efa, verbs above tcp, tcp above sockets) and "
+       "take the best RDMA provider plus the best socket provider. An agent opens them all and "
+       "each pair of nodes uses the best one both have; single-engine tools use the first. "
+       "FI_PROVIDER, if set, also restricts what libfabric offers."},
       {"domain", "RAYFABRIC_DOMAIN", "",
-       "libfabric domain (NIC) name, e.g. 'rxe0', 'mlx5_0', 'eth0'; empty: the best ranked one."},
+       "libfabric domain (NIC) name, e.g. 'rxe0', 'mlx5_0', 'eth0', for the providers that offer "
+       "it; empty: the domain holding the node's IP (the agent's --listen host), else the first "
+       "non-loopback one."},
       {"require_rdma", "RAYFABRIC_REQUIRE_RDMA", "false",
        "fail at startup instead of falling back to a non-RDMA provider (tcp, sockets, shm, udp)."},
       {"chunk_size", "RAYFABRIC_CHUNK_SIZE", "4M",

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "fabric/engine_core.h"
 #include "fabric/fabric_error.h"
@@ -36,8 +37,8 @@ EngineCore::~EngineCore() {
   fabric_.reset();
 }
 
-Status EngineCore::Open(const Config& config, const EngineOptions& options) {
-  RF_ASSIGN_OR_RETURN(SelectedProvider selected, SelectProviderInfo(config, options));
+Status EngineCore::Open(SelectedProvider selected, const Config& config,
+                        const EngineOptions& options) {
   report_ = std::move(selected.report);
   profile_ = report_.chosen;
   info_ = std::move(selected.info);
@@ -181,9 +182,9 @@ void EngineCore::Wake() {
   if (wake_fd_ >= 0 && write(wake_fd_, &one, sizeof(one)) < 0) RF_LOG(kDebug, "wake failed");
 }
 
-std::string EngineCore::Address() const {
+FabricAddress EngineCore::Address() const {
   std::lock_guard<std::recursive_mutex> lock(mu_);
-  return AddressLocked();
+  return {profile_.provider, profile_.fabric, profile_.domain, AddressLocked()};
 }
 
 std::string EngineCore::AddressLocked() const {
@@ -194,20 +195,32 @@ std::string EngineCore::AddressLocked() const {
   return std::string(buf, len);
 }
 
-Result<PeerId> EngineCore::AddPeer(const std::string& address) {
+Result<PeerId> EngineCore::AddPeer(const FabricAddress& peer) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
+  // The provider first: addresses of different providers can look alike (sockets and
+  // tcp;ofi_rxm both use a sockaddr_in) and would be inserted, and every operation then fail.
+  if (peer.provider != profile_.provider) {
+    return InvalidArgument("peer address of provider " + peer.Describe() +
+                           " given to an engine of provider " + profile_.provider + "/" +
+                           profile_.domain +
+                           ": a pair of nodes can only use a provider both of them have");
+  }
+  const std::string& address = peer.bytes;
   auto it = peers_.find(address);
   if (it != peers_.end()) return it->second;
   if (!eps_.ep) return Unavailable("the fabric endpoint is not open (a reset failed to reopen it)");
-  size_t own = AddressLocked().size();
+  const size_t own = AddressLocked().size();
   if (address.empty() || address.size() != own) {
     return InvalidArgument("peer address of " + std::to_string(address.size()) +
-                           " bytes does not match this provider's (" + profile_.provider + ", " +
-                           std::to_string(own) + " bytes): does the peer use another provider?");
+                           " bytes is not a " + profile_.provider + " address (" +
+                           std::to_string(own) + " bytes here)");
   }
   fi_addr_t fi_addr = FI_ADDR_UNSPEC;
   int ret = fi_av_insert(eps_.av.get(), address.data(), 1, &fi_addr, 0, nullptr);
-  if (ret != 1) return FabricStatus(ret < 0 ? ret : -FI_EINVAL, "fi_av_insert of a peer address");
+  if (ret != 1) {
+    return FabricStatus(ret < 0 ? ret : -FI_EINVAL,
+                        "fi_av_insert of the address of peer " + peer.Describe());
+  }
   PeerId id = peer_table_.size();
   peer_table_.push_back({address, fi_addr, false, endpoint_generation_});
   peers_[address] = id;
@@ -231,6 +244,45 @@ Status EngineCore::ReconnectLocked(PeerId id) {
   peer.broken = false;
   peer.generation = endpoint_generation_;
   return Status::OK();
+}
+
+}  // namespace rayfabric::fabric
+
+namespace rayfabric::fabric {
+
+std::string FabricAddress::Describe() const { return provider + "/" + domain; }
+
+// Four length-prefixed fields (32-bit little-endian lengths): provider, fabric, domain, bytes.
+std::string FabricAddress::Serialize() const {
+  std::string out;
+  for (const std::string* field : {&provider, &fabric, &domain, &bytes}) {
+    const uint32_t n = static_cast<uint32_t>(field->size());
+    out.append(reinterpret_cast<const char*>(&n), sizeof(n));
+    out += *field;
+  }
+  return out;
+}
+
+Result<FabricAddress> FabricAddress::Parse(const std::string& serialized) {
+  FabricAddress a;
+  size_t at = 0;
+  for (std::string* field : {&a.provider, &a.fabric, &a.domain, &a.bytes}) {
+    uint32_t n = 0;
+    if (serialized.size() - at < sizeof(n)) {
+      return InvalidArgument("fabric address of " + std::to_string(serialized.size()) +
+                             " bytes is truncated");
+    }
+    std::memcpy(&n, serialized.data() + at, sizeof(n));
+    at += sizeof(n);
+    if (serialized.size() - at < n) {
+      return InvalidArgument("fabric address of " + std::to_string(serialized.size()) +
+                             " bytes is truncated");
+    }
+    *field = serialized.substr(at, n);
+    at += n;
+  }
+  if (at != serialized.size()) return InvalidArgument("fabric address has trailing bytes");
+  return a;
 }
 
 }  // namespace rayfabric::fabric

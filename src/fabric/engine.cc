@@ -9,21 +9,45 @@ Engine::Engine(std::shared_ptr<EngineCore> core) : core_(std::move(core)) {}
 
 Engine::~Engine() { core_->Stop(); }
 
-Result<std::unique_ptr<Engine>> Engine::Open(const Config& config, const EngineOptions& options) {
+namespace {
+
+Result<std::shared_ptr<EngineCore>> OpenCore(SelectedProvider selected, const Config& config,
+                                             const EngineOptions& options) {
   auto core = std::make_shared<EngineCore>();
-  RF_RETURN_IF_ERROR(core->Open(config, options));
+  RF_RETURN_IF_ERROR(core->Open(std::move(selected), config, options));
   core->StartProgress();
   RF_LOG(kInfo,
          "provider " << core->profile_.provider << " domain " << core->profile_.domain << ": "
                      << core->report_.reason
                      << (options.remote_write ? " (peers may write registered buffers)" : ""));
+  return core;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> Engine::Open(const Config& config, const EngineOptions& options) {
+  RF_ASSIGN_OR_RETURN(SelectedProvider selected, SelectProviderInfo(config, options));
+  RF_ASSIGN_OR_RETURN(auto core, OpenCore(std::move(selected), config, options));
   return std::unique_ptr<Engine>(new Engine(std::move(core)));
+}
+
+Result<std::vector<std::unique_ptr<Engine>>> Engine::OpenAll(const Config& config,
+                                                             const EngineOptions& options) {
+  RF_ASSIGN_OR_RETURN(std::vector<SelectedProvider> all, SelectFabrics(config, options));
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (SelectedProvider& selected : all) {
+    const std::string what = selected.report.chosen.provider + "/" + selected.report.chosen.domain;
+    auto core = OpenCore(std::move(selected), config, options);
+    if (!core.ok()) return core.status().WithContext("opening " + what);
+    engines.push_back(std::unique_ptr<Engine>(new Engine(std::move(*core))));
+  }
+  return engines;
 }
 
 const ProviderReport& Engine::report() const { return core_->report_; }
 const ProviderProfile& Engine::profile() const { return core_->profile_; }
-std::string Engine::Address() const { return core_->Address(); }
-Result<PeerId> Engine::AddPeer(const std::string& address) { return core_->AddPeer(address); }
+FabricAddress Engine::Address() const { return core_->Address(); }
+Result<PeerId> Engine::AddPeer(const FabricAddress& address) { return core_->AddPeer(address); }
 Result<std::shared_ptr<MemoryRegion>> Engine::Register(void* base, size_t length, uint32_t access,
                                                        Sharing sharing) {
   return core_->Register(base, length, access, sharing);

@@ -110,7 +110,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
  public:
   ~EngineCore();
 
-  Status Open(const Config& config, const EngineOptions& options);
+  Status Open(SelectedProvider selected, const Config& config, const EngineOptions& options);
   void StartProgress() {
     progress_ = std::thread([this] { ProgressLoop(); });
   }
@@ -119,12 +119,12 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   Result<std::shared_ptr<MemoryRegion>> Register(void* base, size_t length, uint32_t access,
                                                  Sharing sharing);
   void Deregister(MemoryRegion* region);
-  Result<PeerId> AddPeer(const std::string& address);
+  Result<PeerId> AddPeer(const FabricAddress& address);
   Result<Transfer> Start(RmaOp op, PeerId peer, const RemoteRegion& remote,
                          const std::shared_ptr<MemoryRegion>& local_region,
                          const std::vector<RmaSpan>& spans);
   void Cancel(TransferState& t, const std::string& why);
-  std::string Address() const;
+  FabricAddress Address() const;
   EngineStats Stats() const;
 
   ProviderReport report_;

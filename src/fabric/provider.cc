@@ -4,10 +4,13 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <strings.h>
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <sstream>
 
 #include "fabric/fabric_error.h"
@@ -218,102 +221,269 @@ uint64_t FabricAccess(uint32_t access) {
   return flags;
 }
 
-Result<SelectedProvider> SelectProviderInfo(const Config& config, const EngineOptions& options) {
-  const std::string want_provider = config.GetString("provider");
+namespace {
+
+std::vector<std::string> SplitList(const std::string& list) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t comma = list.find(',', start);
+    if (comma == std::string::npos) comma = list.size();
+    std::string item = list.substr(start, comma - start);
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (!item.empty()) out.push_back(item);
+    start = comma + 1;
+  }
+  return out;
+}
+
+// The IP address of an fi_info entry's source address, "" when it has none (efa, shm, ...).
+std::string SourceIp(const struct fi_info* info) {
+  if (info->src_addr == nullptr) return "";
+  char buf[INET6_ADDRSTRLEN] = {};
+  const auto* sa = static_cast<const struct sockaddr*>(info->src_addr);
+  if (sa->sa_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const struct sockaddr_in*>(sa)->sin_addr, buf,
+              sizeof(buf));
+  } else if (sa->sa_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const struct sockaddr_in6*>(sa)->sin6_addr, buf,
+              sizeof(buf));
+  }
+  return buf;
+}
+
+// Which fabrics a node opens by default: one of each class that reaches other hosts.
+enum class FabricClass { kRdma, kSockets, kOther };
+
+FabricClass ClassOf(const std::string& provider) {
+  const ProviderRank* rank = FindRank(provider);
+  if (rank != nullptr && rank->rdma) return FabricClass::kRdma;
+  const std::string core = provider.substr(0, provider.find(';'));
+  if (core == "tcp" || core == "net" || core == "sockets") return FabricClass::kSockets;
+  return FabricClass::kOther;  // shm (same host), udp (datagrams), unranked providers
+}
+
+// One fi_info entry and how well it fits.
+struct Entry {
+  const struct fi_info* info;
+  std::string group;  // what it was selected for: a requested provider, or a fabric class
+  ProviderCandidate candidate;
+  int domain_score = 0;  // among domains of one provider: holds the node's IP, not loopback
+  std::string domain_why;
+};
+
+}  // namespace
+
+Result<std::vector<SelectedProvider>> SelectFabrics(const Config& config,
+                                                    const EngineOptions& options) {
+  const std::vector<std::string> wanted = SplitList(config.GetString("provider"));
   const std::string want_domain = config.GetString("domain");
   RF_ASSIGN_OR_RETURN(bool require_rdma, config.GetBool("require_rdma"));
-
-  auto hints = EngineHints(options);
-  if (!want_provider.empty()) hints->fabric_attr->prov_name = strdup(want_provider.c_str());
-  if (!want_domain.empty()) hints->domain_attr->name = strdup(want_domain.c_str());
-
-  struct fi_info* raw = nullptr;
-  int ret = fi_getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, hints.get(), &raw);
-  std::unique_ptr<struct fi_info, InfoDeleter> infos(raw);
   const char* fi_provider_env = std::getenv("FI_PROVIDER");
-  std::string filters =
-      std::string("provider='") + want_provider + "' domain='" + want_domain + "'" +
+  const std::string filters =
+      std::string("provider='") + config.GetString("provider") + "' domain='" + want_domain + "'" +
       (fi_provider_env ? std::string(" FI_PROVIDER='") + fi_provider_env + "'" : "");
-  if (ret == -FI_ENODATA || (ret == 0 && infos == nullptr)) {
-    return NotFound("no libfabric provider offers RDM endpoints with RMA read/write for " +
-                    filters +
-                    ". `fi_info -l` lists the installed providers; `rayfabric doctor` explains why "
-                    "an RDMA device is not usable; unset RAYFABRIC_PROVIDER/FI_PROVIDER to let "
-                    "rayfabric choose");
-  }
-  if (ret != 0) return FabricStatus(ret, "fi_getinfo(" + filters + ")");
 
-  ProviderReport report;
-  const struct fi_info* best = nullptr;
-  int best_score = -1;
-  std::string other_domains;  // what fi_info offered on domains other than the requested one
-  for (const struct fi_info* i = infos.get(); i != nullptr; i = i->next) {
-    ProviderCandidate c;
-    c.provider = i->fabric_attr->prov_name ? i->fabric_attr->prov_name : "?";
-    c.domain = i->domain_attr->name ? i->domain_attr->name : "?";
-    bool duplicate = std::any_of(report.candidates.begin(), report.candidates.end(),
-                                 [&](const ProviderCandidate& o) {
-                                   return o.provider == c.provider && o.domain == c.domain;
-                                 });
-    if (duplicate) continue;  // fi_info lists one entry per address format / mode combination
-    // Utility providers (ofi_rxm over tcp in libfabric 1.17) ignore the domain name hint and
-    // list every domain: the requested domain is enforced here.
-    if (!want_domain.empty() && c.domain != want_domain) {
-      other_domains += " " + c.provider + "/" + c.domain;
+  // One fi_getinfo per requested provider (libfabric resolves "tcp" to "tcp;ofi_rxm"), or one
+  // for everything.
+  std::vector<std::unique_ptr<struct fi_info, InfoDeleter>> lists;
+  std::vector<Entry> entries;
+  const std::vector<std::string> queries = wanted.empty() ? std::vector<std::string>{""} : wanted;
+  for (const std::string& query : queries) {
+    auto hints = EngineHints(options);
+    if (!query.empty()) hints->fabric_attr->prov_name = strdup(query.c_str());
+    struct fi_info* raw = nullptr;
+    int ret = fi_getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, hints.get(), &raw);
+    std::unique_ptr<struct fi_info, InfoDeleter> infos(raw);
+    if (ret == -FI_ENODATA || (ret == 0 && infos == nullptr)) {
+      return NotFound("no libfabric provider offers RDM endpoints with RMA read/write for " +
+                      (query.empty() ? filters : "provider '" + query + "' (" + filters + ")") +
+                      ". `fi_info -l` lists the installed providers; `rayfabric doctor` explains "
+                      "why an RDMA device is not usable; unset RAYFABRIC_PROVIDER/FI_PROVIDER to "
+                      "let rayfabric choose");
+    }
+    if (ret != 0) return FabricStatus(ret, "fi_getinfo(" + filters + ")");
+    for (const struct fi_info* i = infos.get(); i != nullptr; i = i->next) {
+      Entry e;
+      e.info = i;
+      ProviderCandidate& c = e.candidate;
+      c.provider = i->fabric_attr->prov_name ? i->fabric_attr->prov_name : "?";
+      c.domain = i->domain_attr->name ? i->domain_attr->name : "?";
+      c.ip = SourceIp(i);
+      const ProviderRank* rank = FindRank(c.provider);
+      c.rank = rank ? rank->rank : 1;
+      c.rdma = rank && rank->rdma;
+      if (!query.empty()) {
+        e.group = query;
+      } else {
+        const FabricClass cls = ClassOf(c.provider);
+        e.group = cls == FabricClass::kRdma      ? "rdma"
+                  : cls == FabricClass::kSockets ? "sockets"
+                                                 : "";
+      }
+      // Loopback domains cannot reach other hosts: only picked if the node is known by a
+      // loopback address (a one-host cluster) or nothing else is there.
+      if (!options.preferred_ip.empty() && c.ip == options.preferred_ip) {
+        e.domain_score = 2;
+        e.domain_why = "holds the node's IP " + c.ip;
+      } else if (!IsLoopbackDomain(c.domain)) {
+        e.domain_score = 1;
+        e.domain_why = options.preferred_ip.empty()
+                           ? "first non-loopback domain"
+                           : "no domain holds the node's IP " + options.preferred_ip +
+                                 "; first non-loopback one";
+      } else {
+        e.domain_why = "loopback: only this host";
+      }
+      entries.push_back(std::move(e));
+    }
+    lists.push_back(std::move(infos));
+  }
+
+  // fi_info lists one entry per address (IPv4, IPv6) and mode combination: one candidate per
+  // provider and domain, its best-fitting entry.
+  std::vector<Entry> unique;
+  for (Entry& e : entries) {
+    auto same = std::find_if(unique.begin(), unique.end(), [&](const Entry& o) {
+      return o.candidate.provider == e.candidate.provider &&
+             o.candidate.domain == e.candidate.domain;
+    });
+    if (same == unique.end()) {
+      unique.push_back(std::move(e));
+    } else if (e.domain_score > same->domain_score) {
+      *same = std::move(e);
+    }
+  }
+
+  // RAYFABRIC_DOMAIN applies to every provider that offers it (utility providers like ofi_rxm
+  // over tcp ignore the domain hint and list every domain: enforced here).
+  std::string other_domains;
+  if (!want_domain.empty()) {
+    std::set<std::string> offering;
+    for (const Entry& e : unique) {
+      if (e.candidate.domain == want_domain) offering.insert(e.candidate.provider);
+    }
+    if (offering.empty()) {
+      for (const Entry& e : unique) {
+        other_domains += " " + e.candidate.provider + "/" + e.candidate.domain;
+      }
+      return NotFound("no libfabric provider offers domain '" + want_domain + "' for " + filters +
+                      " (offered instead:" + other_domains +
+                      "). Set RAYFABRIC_DOMAIN to one of those, or unset it to let rayfabric "
+                      "choose; `rayfabric doctor` lists every domain");
+    }
+    std::vector<Entry> kept;
+    for (Entry& e : unique) {
+      if (offering.count(e.candidate.provider) > 0 && e.candidate.domain != want_domain) continue;
+      if (e.candidate.domain == want_domain) e.domain_why = "requested by RAYFABRIC_DOMAIN";
+      kept.push_back(std::move(e));
+    }
+    unique = std::move(kept);
+  }
+
+  // The best entry of each group; groups ranked by their provider, best first.
+  std::vector<Entry*> chosen;
+  for (Entry& e : unique) {
+    ProviderCandidate& c = e.candidate;
+    if (e.group.empty()) {
+      c.verdict =
+          "passed over: not opened by default (same host or datagrams only); name it in "
+          "RAYFABRIC_PROVIDER to use it";
       continue;
     }
-    const ProviderRank* rank = FindRank(c.provider);
-    c.rank = rank ? rank->rank : 1;
-    c.rdma = rank && rank->rdma;
-    // Loopback domains cannot reach other hosts: only pick them if nothing else is there.
-    int score = c.rank * 2 + (IsLoopbackDomain(c.domain) && want_domain.empty() ? 0 : 1);
     if (require_rdma && !c.rdma) {
       c.verdict = "passed over: not RDMA and require_rdma is set";
-    } else if (score > best_score) {
-      best_score = score;
-      best = i;
+      continue;
     }
-    report.candidates.push_back(c);
+    auto best = std::find_if(chosen.begin(), chosen.end(),
+                             [&](const Entry* o) { return o->group == e.group; });
+    const int score = c.rank * 4 + e.domain_score;
+    if (best == chosen.end()) {
+      chosen.push_back(&e);
+    } else if (score > (*best)->candidate.rank * 4 + (*best)->domain_score) {
+      *best = &e;
+    }
   }
-  if (report.candidates.empty()) {
-    return NotFound("no libfabric provider offers domain '" + want_domain + "' for " + filters +
-                    " (offered instead:" + other_domains +
-                    "). Set RAYFABRIC_DOMAIN to one of those, or unset it to let rayfabric "
-                    "choose; `rayfabric doctor` lists every domain");
+  // Two requested names may resolve to one provider ("tcp" and "tcp;ofi_rxm"): opened once.
+  std::vector<Entry*> distinct;
+  for (Entry* e : chosen) {
+    if (std::none_of(distinct.begin(), distinct.end(), [&](const Entry* o) {
+          return o->candidate.provider == e->candidate.provider;
+        })) {
+      distinct.push_back(e);
+    }
   }
-  if (best == nullptr) {
+  std::stable_sort(distinct.begin(), distinct.end(), [](const Entry* a, const Entry* b) {
+    return a->candidate.rank > b->candidate.rank;
+  });
+  if (distinct.empty()) {
     std::string seen;
-    for (const auto& c : report.candidates) seen += " " + c.provider + "/" + c.domain;
-    return Unavailable("require_rdma is set but libfabric offers no RDMA provider (seen:" + seen +
-                       "). Run `rayfabric doctor` to see why no RDMA device is usable, or unset "
-                       "RAYFABRIC_REQUIRE_RDMA to allow the TCP fallback");
-  }
-  report.chosen = ProfileFromInfo(best);
-  for (auto& c : report.candidates) {
-    if (!c.verdict.empty()) continue;
-    if (c.provider == report.chosen.provider && c.domain == report.chosen.domain) {
-      c.verdict = "chosen";
-    } else if (IsLoopbackDomain(c.domain) && want_domain.empty()) {
-      c.verdict = "passed over: loopback domain cannot reach other hosts";
-    } else {
-      c.verdict = "passed over: ranks below " + report.chosen.provider + "/" + report.chosen.domain;
+    for (const Entry& e : unique) seen += " " + e.candidate.provider + "/" + e.candidate.domain;
+    if (require_rdma) {
+      return Unavailable("require_rdma is set but libfabric offers no RDMA provider (seen:" + seen +
+                         "). Run `rayfabric doctor` to see why no RDMA device is usable, or "
+                         "unset RAYFABRIC_REQUIRE_RDMA to allow the TCP fallback");
     }
+    return NotFound("libfabric offers no provider that reaches other hosts (seen:" + seen +
+                    "); name one in RAYFABRIC_PROVIDER to use it anyway");
   }
-  const ProviderRank* rank = FindRank(report.chosen.provider);
-  std::string why = !want_provider.empty() ? "requested by RAYFABRIC_PROVIDER/--provider"
-                    : fi_provider_env      ? "FI_PROVIDER restricts libfabric to it"
-                                           : "highest ranked of what fi_info offers";
-  report.reason =
-      report.chosen.provider + " on domain " + report.chosen.domain + ": " + why +
-      (want_domain.empty() ? "" : "; domain requested by RAYFABRIC_DOMAIN") +
-      (rank ? std::string(" (") + rank->note + ")" : std::string(" (unranked provider)")) +
-      (report.chosen.rdma
-           ? ""
-           : "; NOT RDMA: the CPU copies every byte (socket or shared-memory emulation)");
-  SelectedProvider out;
-  out.report = std::move(report);
-  out.info.reset(fi_dupinfo(best));
+
+  std::vector<FabricSummary> fabrics;
+  for (const Entry* e : distinct) {
+    fabrics.push_back({e->candidate.provider, e->candidate.domain,
+                       e->info->fabric_attr->name ? e->info->fabric_attr->name : "",
+                       e->candidate.rdma});
+  }
+  std::vector<ProviderCandidate> candidates;
+  for (Entry& e : unique) {
+    if (e.candidate.verdict.empty()) {
+      auto it = std::find(distinct.begin(), distinct.end(), &e);
+      if (it != distinct.end()) {
+        e.candidate.verdict = "chosen (" + e.domain_why + ")";
+      } else {
+        auto winner = std::find_if(distinct.begin(), distinct.end(), [&](const Entry* o) {
+          return o->group == e.group || o->candidate.provider == e.candidate.provider;
+        });
+        e.candidate.verdict = winner == distinct.end()
+                                  ? "passed over"
+                                  : "passed over: " + (*winner)->candidate.provider + "/" +
+                                        (*winner)->candidate.domain + " fits better (" +
+                                        (*winner)->domain_why + ")";
+      }
+    }
+    candidates.push_back(e.candidate);
+  }
+
+  std::vector<SelectedProvider> out;
+  for (const Entry* e : distinct) {
+    SelectedProvider s;
+    s.report.chosen = ProfileFromInfo(e->info);
+    s.report.candidates = candidates;
+    s.report.fabrics = fabrics;
+    const ProviderRank* rank = FindRank(s.report.chosen.provider);
+    std::string why = !wanted.empty()      ? "requested by RAYFABRIC_PROVIDER/--provider"
+                      : fi_provider_env    ? "FI_PROVIDER restricts libfabric to it"
+                      : e->group == "rdma" ? "highest ranked RDMA provider fi_info offers"
+                      : distinct.size() > 1
+                          ? "highest ranked socket provider: for peers without a shared RDMA fabric"
+                          : "highest ranked of what fi_info offers";
+    s.report.reason =
+        s.report.chosen.provider + " on domain " + s.report.chosen.domain + ": " + why +
+        "; domain: " + e->domain_why +
+        (rank ? std::string(" (") + rank->note + ")" : std::string(" (unranked provider)")) +
+        (s.report.chosen.rdma
+             ? ""
+             : "; NOT RDMA: the CPU copies every byte (socket or shared-memory emulation)");
+    s.info.reset(fi_dupinfo(e->info));
+    out.push_back(std::move(s));
+  }
   return out;
+}
+
+Result<SelectedProvider> SelectProviderInfo(const Config& config, const EngineOptions& options) {
+  RF_ASSIGN_OR_RETURN(std::vector<SelectedProvider> all, SelectFabrics(config, options));
+  return std::move(all.front());
 }
 
 Result<ProviderReport> SelectProvider(const Config& config, const EngineOptions& options) {
@@ -338,9 +508,12 @@ std::string ProviderReport::ToString() const {
      << p.key_lifetime << ")\n";
   os << "  access: enforced=" << (p.enforces_access ? "yes" : "NO") << " (" << p.access_note
      << ")\n";
+  os << "  fabrics opened by an agent:";
+  for (const auto& f : fabrics) os << " " << f.provider << "/" << f.domain;
+  os << "\n";
   for (const auto& c : candidates) {
-    os << "  candidate " << c.provider << "/" << c.domain << " rank " << c.rank
-       << (c.rdma ? " rdma" : "") << ": " << c.verdict << "\n";
+    os << "  candidate " << c.provider << "/" << c.domain << (c.ip.empty() ? "" : " " + c.ip)
+       << " rank " << c.rank << (c.rdma ? " rdma" : "") << ": " << c.verdict << "\n";
   }
   return os.str();
 }
@@ -359,11 +532,18 @@ std::string ProviderReport::ToJson() const {
      << ",\"deregistration_revokes_keys\":" << (p.deregistration_revokes_keys ? "true" : "false")
      << ",\"key_lifetime\":\"" << JsonEscape(p.key_lifetime)
      << "\",\"enforces_access\":" << (p.enforces_access ? "true" : "false") << ",\"access_note\":\""
-     << JsonEscape(p.access_note) << "\",\"candidates\":[";
+     << JsonEscape(p.access_note) << "\",\"fabrics\":[";
+  for (size_t i = 0; i < fabrics.size(); ++i) {
+    const auto& f = fabrics[i];
+    os << (i ? "," : "") << "{\"provider\":\"" << JsonEscape(f.provider) << "\",\"domain\":\""
+       << JsonEscape(f.domain) << "\",\"fabric\":\"" << JsonEscape(f.fabric)
+       << "\",\"rdma\":" << (f.rdma ? "true" : "false") << "}";
+  }
+  os << "],\"candidates\":[";
   for (size_t i = 0; i < candidates.size(); ++i) {
     const auto& c = candidates[i];
     os << (i ? "," : "") << "{\"provider\":\"" << JsonEscape(c.provider) << "\",\"domain\":\""
-       << JsonEscape(c.domain) << "\",\"rank\":" << c.rank
+       << JsonEscape(c.domain) << "\",\"ip\":\"" << JsonEscape(c.ip) << "\",\"rank\":" << c.rank
        << ",\"rdma\":" << (c.rdma ? "true" : "false") << ",\"verdict\":\"" << JsonEscape(c.verdict)
        << "\"}";
   }

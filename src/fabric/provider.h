@@ -4,6 +4,7 @@
 #include <rdma/fabric.h>
 
 #include <memory>
+#include <vector>
 
 #include "fabric/fid.h"
 #include "rayfabric/fabric.h"
@@ -15,6 +16,9 @@ struct SelectedProvider {
   std::unique_ptr<struct fi_info, InfoDeleter> info;  // a copy of the chosen fi_info
 };
 
+// Every fabric the configuration asks for, best first (see SelectProvider); the first alone.
+Result<std::vector<SelectedProvider>> SelectFabrics(const Config& config,
+                                                    const EngineOptions& options);
 Result<SelectedProvider> SelectProviderInfo(const Config& config, const EngineOptions& options);
 
 // The hints every rayfabric endpoint asks for: RDM, RMA read (and write as initiator), remote read

@@ -56,7 +56,11 @@ int main(int argc, char** argv) {
   auto engine = fabric::Engine::Open(config);
   if (!engine.ok()) return Fail(engine.status());
   fabric::Engine& e = **engine;
-  auto peer = e.AddPeer(*address);
+  // The agent's raw address (its Info); the probe claims its own provider for it, as a hostile
+  // peer of the same fabric would.
+  fabric::FabricAddress target = e.Address();
+  target.bytes = *address;
+  auto peer = e.AddPeer(target);
   if (!peer.ok()) return Fail(peer.status());
   std::vector<char> buffer(length, 0);
   auto mr = e.Register(buffer.data(), buffer.size());

@@ -142,7 +142,8 @@ TEST_F(FabricProcessTest, ReportsTheProviderItUses) {
   if (!Domain(0).empty()) {
     EXPECT_EQ(e.profile().domain, Domain(0));
   }
-  EXPECT_FALSE(e.Address().empty());
+  EXPECT_FALSE(e.Address().bytes.empty());
+  EXPECT_EQ(e.Address().provider, e.profile().provider);
   EXPECT_NE(e.report().ToJson().find("\"provider\":\"" + e.profile().provider + "\""),
             std::string::npos);
 }
@@ -273,7 +274,54 @@ TEST_F(FabricProcessTest, OutOfRangeIsRefusedBeforePosting) {
   EXPECT_EQ(e.stats().ops_posted, posted);
   s = e.Read(987654, peer->region(), 0, *mr, local.data(), 16);
   EXPECT_EQ(s.code(), StatusCode::kNotFound) << s;
-  EXPECT_EQ(e.AddPeer("not an address").status().code(), StatusCode::kInvalidArgument);
+  fabric::FabricAddress garbage = e.Address();
+  garbage.bytes = "not an address";
+  EXPECT_EQ(e.AddPeer(garbage).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Addresses carry their provider: one of another provider is refused before it reaches the
+// address vector, even where it has the same size and format (sockets and tcp;ofi_rxm addresses
+// are both a sockaddr_in, and once inserted every read failed with an I/O error).
+TEST_F(FabricProcessTest, AddressOfAnotherProviderIsRefused) {
+  Engine& e = SharedEngine();
+  auto peer = StartPeer(4096, 5);
+  ASSERT_TRUE(peer->ready());
+  fabric::FabricAddress foreign = peer->address();
+  foreign.provider = e.profile().provider == "sockets" ? "tcp;ofi_rxm" : "sockets";
+  const uint64_t peers_before = e.stats().peers;
+  auto refused = e.AddPeer(foreign);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find(foreign.provider), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("only use a provider both"), std::string::npos)
+      << refused.status();
+  EXPECT_EQ(e.stats().peers, peers_before);  // nothing inserted; the real address still works
+  auto id = e.AddPeer(peer->address());
+  ASSERT_TRUE(id.ok()) << id.status();
+  Buffer local(4096);
+  auto mr = e.Register(local.data(), local.size());
+  ASSERT_TRUE(mr.ok()) << mr.status();
+  ASSERT_TRUE(e.Read(*id, peer->region(), 0, *mr, local.data(), 4096).ok());
+  EXPECT_LT(FirstMismatch(local.data(), 4096, 5), 0);
+}
+
+TEST(FabricAddressTest, RoundTripsAndRefusesTruncation) {
+  fabric::FabricAddress a{"tcp;ofi_rxm", "192.0.2.0/24", "eth0", std::string("\x02\0\x1f\x90", 4)};
+  auto back = fabric::FabricAddress::Parse(a.Serialize());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->provider, a.provider);
+  EXPECT_EQ(back->fabric, a.fabric);
+  EXPECT_EQ(back->domain, a.domain);
+  EXPECT_EQ(back->bytes, a.bytes);
+  EXPECT_EQ(a.Describe(), "tcp;ofi_rxm/eth0");
+  const std::string wire = a.Serialize();
+  for (size_t cut : {size_t{0}, size_t{3}, wire.size() - 1}) {
+    EXPECT_EQ(fabric::FabricAddress::Parse(wire.substr(0, cut)).status().code(),
+              StatusCode::kInvalidArgument)
+        << cut;
+  }
+  EXPECT_EQ(fabric::FabricAddress::Parse(wire + "x").status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(FabricProcessTest, ForgedDescriptorsFailWithoutTouchingOtherMemory) {
@@ -660,7 +708,9 @@ TEST_F(FabricProcessTest, RegistrationCacheServesCoveredRanges) {
   ASSERT_TRUE(own1.ok() && own2.ok());
   EXPECT_NE(own1->get(), own2->get());
   EXPECT_NE(own1->get(), readable->get());
-  if (!e.profile().prov_key) EXPECT_NE((*own1)->Describe().key, (*own2)->Describe().key);
+  if (!e.profile().prov_key) {
+    EXPECT_NE((*own1)->Describe().key, (*own2)->Describe().key);
+  }
   // Peers may not write an agent-like engine's memory: it refuses to register for it.
   EXPECT_EQ(e.Register(b.data(), 4096, fabric::kRemoteWrite).status().code(),
             StatusCode::kInvalidArgument);

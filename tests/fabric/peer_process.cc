@@ -77,7 +77,12 @@ PeerProcess::PeerProcess(const std::string& self, uint64_t size, uint64_t seed,
     error_ = "peer sent a malformed READY line: '" + line + "'";
     return;
   }
-  address_ = *address;
+  auto parsed = fabric::FabricAddress::Parse(*address);
+  if (!parsed.ok()) {
+    error_ = parsed.status().ToString();
+    return;
+  }
+  address_ = *parsed;
   auto region = fabric::RemoteRegion::Parse(*region_bytes);
   if (!region.ok()) {
     error_ = region.status().ToString();
@@ -155,7 +160,7 @@ int PeerMain(int argc, char** argv) {
     return 1;
   }
   std::shared_ptr<fabric::MemoryRegion> mr = std::move(*region);
-  std::cout << "READY " << BytesToHex((*engine)->Address()) << " "
+  std::cout << "READY " << BytesToHex((*engine)->Address().Serialize()) << " "
             << BytesToHex(mr->Describe().Serialize()) << std::endl;
   for (std::string line; std::getline(std::cin, line);) {
     std::istringstream in(line);

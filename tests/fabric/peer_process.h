@@ -45,7 +45,7 @@ class PeerProcess {
 
   bool ready() const { return ready_; }
   const std::string& error() const { return error_; }
-  const std::string& address() const { return address_; }
+  const fabric::FabricAddress& address() const { return address_; }
   const fabric::RemoteRegion& region() const { return region_; }
   pid_t pid() const { return pid_; }
 
@@ -60,7 +60,7 @@ class PeerProcess {
   FILE* from_ = nullptr;
   bool ready_ = false;
   std::string error_;
-  std::string address_;
+  fabric::FabricAddress address_;
   fabric::RemoteRegion region_;
 };
 

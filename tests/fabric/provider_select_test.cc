@@ -11,7 +11,9 @@ namespace {
 Config WithProvider(const std::string& provider, const std::string& domain = "") {
   Config c = Config::FromEnvironment();
   EXPECT_TRUE(c.Set("provider", provider).ok());
-  if (!domain.empty()) EXPECT_TRUE(c.Set("domain", domain).ok());
+  if (!domain.empty()) {
+    EXPECT_TRUE(c.Set("domain", domain).ok());
+  }
   return c;
 }
 
@@ -24,8 +26,8 @@ TEST(ProviderSelection, EveryOfferedDomainCanBeRequestedByName) {
     ASSERT_TRUE(one.ok()) << c.domain << ": " << one.status();
     EXPECT_EQ(one->chosen.domain, c.domain);
     EXPECT_EQ(one->candidates.size(), 1U) << "only the requested domain is a candidate";
-    EXPECT_EQ(one->candidates[0].verdict, "chosen");
-    EXPECT_NE(one->reason.find("domain requested by RAYFABRIC_DOMAIN"), std::string::npos)
+    EXPECT_EQ(one->candidates[0].verdict.rfind("chosen", 0), 0U) << one->candidates[0].verdict;
+    EXPECT_NE(one->reason.find("domain: requested by RAYFABRIC_DOMAIN"), std::string::npos)
         << one->reason;
   }
 }
@@ -36,7 +38,7 @@ TEST(ProviderSelection, UnknownDomainSaysWhatIsOffered) {
   auto none = SelectProvider(WithProvider("tcp;ofi_rxm", "nosuch0"));
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
-  const std::string& m = none.status().message();
+  const std::string m = none.status().message();
   EXPECT_NE(m.find("'nosuch0'"), std::string::npos) << m;
   EXPECT_NE(m.find("tcp;ofi_rxm/" + all->chosen.domain), std::string::npos) << m;
   EXPECT_NE(m.find("RAYFABRIC_DOMAIN"), std::string::npos) << m;
@@ -49,6 +51,89 @@ TEST(ProviderSelection, EngineOpensOnTheRequestedDomain) {
   auto engine = Engine::Open(WithProvider("tcp;ofi_rxm", domain));
   ASSERT_TRUE(engine.ok()) << engine.status();
   EXPECT_EQ((*engine)->profile().domain, domain);
+}
+
+// On a host with several interfaces the fabric runs where Ray's traffic does: among domains of one
+// provider, the one holding the node's IP wins (a loopback one too: a one-host cluster).
+TEST(ProviderSelection, TheDomainHoldingTheNodesIpWins) {
+  auto all = SelectProvider(WithProvider("tcp;ofi_rxm"));
+  ASSERT_TRUE(all.ok()) << all.status();
+  int tried = 0;
+  for (const ProviderCandidate& c : all->candidates) {
+    if (c.ip.empty()) continue;
+    EngineOptions options;
+    options.preferred_ip = c.ip;
+    auto chosen = SelectProvider(WithProvider("tcp;ofi_rxm"), options);
+    ASSERT_TRUE(chosen.ok()) << chosen.status();
+    EXPECT_EQ(chosen->chosen.domain, c.domain) << chosen->ToString();
+    EXPECT_NE(chosen->reason.find("holds the node's IP " + c.ip), std::string::npos)
+        << chosen->reason;
+    ++tried;
+  }
+  EXPECT_GE(tried, 2) << "this host offers tcp on lo and one more interface";
+  // An IP no domain holds: the first non-loopback domain, and the report says so.
+  EngineOptions elsewhere;
+  elsewhere.preferred_ip = "198.51.100.7";
+  auto fallback = SelectProvider(WithProvider("tcp;ofi_rxm"), elsewhere);
+  ASSERT_TRUE(fallback.ok()) << fallback.status();
+  EXPECT_NE(fallback->chosen.domain, "lo");
+  EXPECT_NE(fallback->reason.find("no domain holds the node's IP 198.51.100.7"), std::string::npos)
+      << fallback->reason;
+}
+
+// By default a node opens one fabric per class that reaches other hosts: its best RDMA provider
+// (none here) and its best socket provider; never shm or udp.
+TEST(ProviderSelection, DefaultOpensOneFabricPerClass) {
+  auto report = SelectProvider(WithProvider(""));
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_GE(report->fabrics.size(), 1U);
+  int sockets_class = 0;
+  for (const FabricSummary& f : report->fabrics) {
+    EXPECT_NE(f.provider, "shm");
+    EXPECT_EQ(f.provider.find("udp"), std::string::npos) << f.provider;
+    if (!f.rdma) ++sockets_class;
+  }
+  EXPECT_EQ(sockets_class, 1) << report->ToString();
+  EXPECT_EQ(report->chosen.provider, report->fabrics.front().provider);
+}
+
+TEST(ProviderSelection, AListOpensExactlyThoseBestFirst) {
+  for (const char* list : {"tcp;ofi_rxm,sockets", "sockets, tcp;ofi_rxm"}) {
+    auto report = SelectProvider(WithProvider(list));
+    ASSERT_TRUE(report.ok()) << list << ": " << report.status();
+    ASSERT_EQ(report->fabrics.size(), 2U) << report->ToString();
+    EXPECT_EQ(report->fabrics[0].provider, "tcp;ofi_rxm") << list;
+    EXPECT_EQ(report->fabrics[1].provider, "sockets") << list;
+  }
+  // Two names of one provider open it once.
+  auto once = SelectProvider(WithProvider("tcp,tcp;ofi_rxm"));
+  ASSERT_TRUE(once.ok()) << once.status();
+  EXPECT_EQ(once->fabrics.size(), 1U) << once->ToString();
+  auto unknown = SelectProvider(WithProvider("tcp;ofi_rxm,nosuchprov"));
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(unknown.status().message().find("'nosuchprov'"), std::string::npos) << unknown.status();
+}
+
+// RAYFABRIC_DOMAIN applies to the providers that offer it; the others keep their own choice.
+TEST(ProviderSelection, TheDomainAppliesWhereItIsOffered) {
+  auto report = SelectProvider(WithProvider("tcp;ofi_rxm,shm", "lo"));
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->fabrics.size(), 2U) << report->ToString();
+  EXPECT_EQ(report->fabrics[0].provider, "tcp;ofi_rxm");
+  EXPECT_EQ(report->fabrics[0].domain, "lo");
+  EXPECT_EQ(report->fabrics[1].provider, "shm");
+  EXPECT_EQ(report->fabrics[1].domain, "shm");
+}
+
+TEST(ProviderSelection, RequireRdmaWithoutRdmaSaysSo) {
+  Config c = WithProvider("");
+  ASSERT_TRUE(c.Set("require_rdma", "true").ok());
+  auto report = SelectProvider(c);
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(report.status().message().find("RAYFABRIC_REQUIRE_RDMA"), std::string::npos)
+      << report.status();
 }
 
 }  // namespace

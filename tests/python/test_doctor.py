@@ -725,9 +725,11 @@ def test_real_engine_tool_agrees_with_the_doctor():
     es = doctor.engine_selection(env)
     assert es["available"] and es["binary"] == REAL_TOOL and es["selection"] == direct
     for k in ("provider", "domain", "rdma", "reason", "checks_remote_keys", "mr_cache",
-              "deregistration_revokes_keys", "key_lifetime", "candidates"):
+              "deregistration_revokes_keys", "key_lifetime", "fabrics", "candidates"):
         assert k in direct, k
-    assert [c["verdict"] for c in direct["candidates"]].count("chosen") == 1
+    # one chosen candidate per fabric an agent opens (its best RDMA and its best socket provider)
+    chosen = [f'{c["provider"]}/{c["domain"]}' for c in direct["candidates"] if c["verdict"].startswith("chosen")]
+    assert chosen and sorted(chosen) == sorted(f'{f["provider"]}/{f["domain"]}' for f in direct["fabrics"])
     text = subprocess.run([REAL_TOOL], capture_output=True, text=True, timeout=120, env=env).stdout
     assert text.startswith(f"provider {direct['provider']} domain {direct['domain']} (")
     assert "deregistration_revokes_keys=" in text

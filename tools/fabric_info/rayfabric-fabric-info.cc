@@ -1,10 +1,11 @@
 // rayfabric-fabric-info: the provider the fabric engine would choose on this node, and why.
 //
-//   rayfabric-fabric-info [--json] [--provider NAME] [--domain NAME] [--require-rdma]
+//   rayfabric-fabric-info [--json] [--provider NAME] [--domain NAME] [--require-rdma] [--ip ADDR]
 //
 // Runs the engine's own selection (rayfabric::fabric::SelectProvider on the RAYFABRIC_*
 // configuration, flags override it) without opening anything, and prints ProviderReport::ToString
-// (text) or ProviderReport::ToJson (--json, one line). Exit 0 when a provider was chosen, 1 with
+// (text) or ProviderReport::ToJson (--json, one line). --ip: the node's IP, as an agent listening
+// on it gets (its domains are preferred). Exit 0 when a provider was chosen, 1 with
 // the selection's error on stderr when none was, 2 on bad usage. `rayfabric doctor` runs it.
 #include <iostream>
 #include <string>
@@ -18,7 +19,7 @@ int Usage(const char* why) {
   if (why) std::cerr << "rayfabric-fabric-info: " << why << "\n";
   std::cerr
       << "usage: rayfabric-fabric-info [--json] [--provider NAME] [--domain NAME] "
-         "[--require-rdma]\n"
+         "[--require-rdma] [--ip ADDR]\n"
          "  Prints the libfabric provider/domain rayfabric's engine would choose here (from the\n"
          "  RAYFABRIC_* settings; flags override them) and why. Exit 0: chosen; 1: none; 2: "
          "usage.\n";
@@ -31,6 +32,7 @@ int main(int argc, char** argv) {
   using rayfabric::Config;
   Config config = Config::FromEnvironment();
   bool json = false;
+  rayfabric::fabric::EngineOptions options;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
@@ -41,6 +43,10 @@ int main(int argc, char** argv) {
       const char* v = value();
       if (!v) return Usage((a + " needs a value").c_str());
       s = config.Set(a.substr(2), v);
+    } else if (a == "--ip") {
+      const char* v = value();
+      if (!v) return Usage("--ip needs a value");
+      options.preferred_ip = v;
     } else if (a == "--require-rdma") {
       s = config.Set("require_rdma", "true");
     } else if (a == "-h" || a == "--help") {
@@ -54,7 +60,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  auto report = rayfabric::fabric::SelectProvider(config);
+  auto report = rayfabric::fabric::SelectProvider(config, options);
   if (!report.ok()) {
     std::cerr << "rayfabric-fabric-info: no provider: " << report.status() << "\n";
     return 1;
