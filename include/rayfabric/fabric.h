@@ -32,6 +32,9 @@ struct ProviderProfile {
   size_t key_size = 8;
   size_t max_msg_size = 0;
   size_t rma_iov_limit = 1;
+  // The largest single registration (config max_registration; libfabric 1.17 exposes no such
+  // limit in fi_info): larger ranges are registered in slices (Engine::RegisterRange).
+  uint64_t max_registration_bytes = 0;
   bool manual_progress = true;  // the target must drive progress for one-sided ops to finish
   // Bytes of a posted operation can land without this process driving progress: hardware RDMA
   // (the NIC writes read responses into memory) or a provider with its own progress thread
@@ -193,6 +196,24 @@ class MemoryRegion {
   Sharing sharing_ = Sharing::kShared;
 };
 
+// A range registered in slices no larger than one registration may be (the profile's
+// max_registration_bytes: EFA caps one registration with remote access at 1M pages, 4 GiB with
+// 4 KiB pages), contiguous and in address order.
+struct RegisteredRange {
+  std::vector<std::shared_ptr<MemoryRegion>> slices;
+  // The slice holding byte `p`, or null.
+  const MemoryRegion* SliceFor(const void* p) const;
+  bool Contains(const void* p, size_t len) const;
+};
+
+// One part of a remote range: `length` bytes at `offset` in `region`. A remote object is the
+// concatenation of its slices, in order.
+struct RemoteSlice {
+  RemoteRegion region;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
 using PeerId = uint64_t;
 
 // One local <-> remote span of a transfer. `local` must lie inside `local_region`.
@@ -217,7 +238,10 @@ class TransferState;
 class Transfer {
  public:
   Transfer() = default;
-  explicit Transfer(std::shared_ptr<TransferState> state) : state_(std::move(state)) {}
+  explicit Transfer(std::shared_ptr<TransferState> state) { parts_.push_back(std::move(state)); }
+  // One transfer made of several (e.g. one per registration slice): done when all are, its status
+  // the first failure among them; Cancel cancels them all.
+  static Transfer Join(const std::vector<Transfer>& transfers);
   // Returns the transfer's final status, or TimedOut if `timeout` passes first (the transfer
   // fails by itself once no operation has completed for op_timeout_ms).
   Status Wait(std::chrono::milliseconds timeout = std::chrono::milliseconds::max()) const;
@@ -233,7 +257,7 @@ class Transfer {
   void Cancel(const std::string& why) const;
 
  private:
-  std::shared_ptr<TransferState> state_;
+  std::vector<std::shared_ptr<TransferState>> parts_;
 };
 
 struct EngineStats {
@@ -276,6 +300,17 @@ class Engine {
   Result<std::shared_ptr<MemoryRegion>> Register(void* base, size_t length,
                                                  uint32_t access = kLocalAccess,
                                                  Sharing sharing = Sharing::kShared);
+
+  // Registers [base, base+length) in slices of at most max_registration_bytes (see Register),
+  // each one starting at a multiple of that size from `base`.
+  Result<RegisteredRange> RegisterRange(void* base, size_t length, uint32_t access,
+                                        Sharing sharing = Sharing::kShared);
+
+  // Moves `length` bytes between local memory at `local` (inside `local_range`) and the remote
+  // slices (their lengths add up to `length`): one transfer per piece that lies in one local and
+  // one remote registration, joined.
+  Result<Transfer> StartRange(RmaOp op, PeerId peer, const std::vector<RemoteSlice>& remote,
+                              const RegisteredRange& local_range, void* local, size_t length);
 
   // Moves the spans between local memory (inside `local_region`) and `remote`, split into chunks
   // of at most chunk_size with up to max_inflight in flight. Validates every span first.

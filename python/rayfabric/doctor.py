@@ -392,6 +392,38 @@ def check_efa(devices: list[Device] | None, efa_run: FiRun) -> list[Finding]:
     return []
 
 
+# EC2 instance families by what their EFA devices do (AWS docs): RDMA read on these; others with
+# EFA (m5n, c5n, r5n, ...) have none, and libfabric's efa provider emulates fi_read with messages.
+EFA_RDMA_READ_FAMILIES = ("p4d", "p4de", "p5", "p5e", "p5en", "trn1", "trn1n", "trn2")
+DMI_PRODUCT = "/sys/devices/virtual/dmi/id/product_name"   # the instance type on EC2 Nitro
+
+
+def check_efa_facts(devices: list[Device] | None, efa_provider: bool, instance_type: str) -> list[Finding]:
+    """What an EFA node should know: whether fi_read is the device's RDMA read or the provider's
+    emulation, the 4 GiB registration cap, and fork safety."""
+    efa_devs = [d.name for d in devices or [] if d.is_efa]
+    if not efa_devs or not efa_provider:
+        return []
+    family = instance_type.split(".", 1)[0] if instance_type else ""
+    if family in EFA_RDMA_READ_FAMILIES:
+        read = f"{instance_type}: the EFA device does RDMA read, which fi_read uses (no CPU on the source)"
+    elif family:
+        read = (f"{instance_type}: not known to have EFA RDMA read (m5n, c5n and other non-GPU instances have "
+                "none): libfabric's efa provider then emulates fi_read with messages, correct but with CPU "
+                "work on both nodes and below line rate")
+    else:
+        read = ("instance type unknown: p4d/p5/trn1 EFA devices do RDMA read; m5n/c5n do not, and the efa "
+                "provider emulates fi_read there (correct, slower)")
+    return [Finding(INFO, "efa-facts",
+                    f"EFA ({', '.join(efa_devs)}): {read}; one registration with remote access is capped at 1M "
+                    "pages (4 GiB with 4 KiB pages): rayfabric registers in slices of RAYFABRIC_MAX_REGISTRATION "
+                    "(4G); the efa provider aborts a process that forks after registering memory unless "
+                    "FI_EFA_FORK_SAFE=1: rayfabricd never forks (it is started by a Ray actor before it "
+                    "registers anything)",
+                    "keep RAYFABRIC_MAX_REGISTRATION at 4G or below on EFA; use p4d/p5-class instances for "
+                    "fi_read at line rate")]
+
+
 # ----------------------------------------------------------------------------- memlock
 
 def has_cap_ipc_lock(proc_status_text: str) -> bool:
@@ -695,7 +727,10 @@ def diagnose(*, sysfs: str = SYSFS_IB, dev_dir: str = "/dev/infiniband", fi_info
     meminfo = parse_meminfo(_read(Path("/proc/meminfo")) or "")
 
     findings = (check_rdma_devices(devices, sysfs) + check_uverbs(devices, dev_dir) + check_libfabric(list_run, rdm_run, bool(devices))
-                + check_efa(devices, efa_run) + check_rxe_universe(devices, env) + check_rxe_chunk(devices, env)
+                + check_efa(devices, efa_run)
+                + check_efa_facts(devices, bool(efa_run.rc == 0 and parse_fi_info(efa_run.out)),
+                                  (_read(Path(DMI_PRODUCT)) or "").strip())
+                + check_rxe_universe(devices, env) + check_rxe_chunk(devices, env)
                 + check_memlock(soft, hard, store_bytes, cap) + check_hugepages(meminfo, store_bytes, want_huge))
     entries = [] if rdm_run.nodata else parse_fi_info(rdm_run.out)
     by_prov = rdm_domains(entries)

@@ -104,6 +104,32 @@ Status FromGrpc(const grpc::Status& s, const std::string& what) {
   }
 }
 
+// Where a lease says the object's bytes lie, checked to add up to exactly `size` bytes (a source
+// that describes more or less is refused: never a replica of its choosing).
+Status ParseSlices(const v1::Lease& lease, uint64_t size, std::vector<fabric::RemoteSlice>& out) {
+  out.clear();
+  if (lease.slices_size() == 0) {  // a source that predates slices: one region holds it all
+    RF_ASSIGN_OR_RETURN(fabric::RemoteRegion region, fabric::RemoteRegion::Parse(lease.region()));
+    out.push_back({region, lease.offset(), size});
+    return Status::OK();
+  }
+  uint64_t total = 0;
+  for (const v1::LeaseSlice& slice : lease.slices()) {
+    RF_ASSIGN_OR_RETURN(fabric::RemoteRegion region, fabric::RemoteRegion::Parse(slice.region()));
+    if (slice.length() == 0 || slice.length() > size - std::min(total, size)) {
+      return OutOfRange("its slices describe more than the object's " + std::to_string(size) +
+                        " bytes: refused");
+    }
+    total += slice.length();
+    out.push_back({region, slice.offset(), slice.length()});
+  }
+  if (total != size) {
+    return OutOfRange("its slices describe " + std::to_string(total) + " of the object's " +
+                      std::to_string(size) + " bytes: refused");
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 // One object of a Pull: its request, its result, and what it holds while in flight.
@@ -115,6 +141,7 @@ struct Agent::PullJob {
   bool leased = false;
   bool created = false;
   plasma::ObjectBuffer replica;
+  std::vector<fabric::RemoteSlice> remote;  // where the leased bytes lie at the source, in order
   fabric::Transfer transfer;
   Clock::time_point started;
   Clock::time_point lease_expires;  // by our clock, counted from before the lease was asked
@@ -361,15 +388,15 @@ void Agent::SweepRetiredStores() {
 }
 
 void Agent::DropLeaseRegion(uint64_t lease_id) {
-  std::shared_ptr<fabric::MemoryRegion> region;
+  fabric::RegisteredRange range;
   {
     std::lock_guard<std::mutex> lock(lease_regions_mu_);
     auto it = lease_regions_.find(lease_id);
     if (it == lease_regions_.end()) return;
-    region = std::move(it->second);
+    range = std::move(it->second);
     lease_regions_.erase(it);
   }
-  region.reset();  // deregistered here, outside the lock: its key stops working
+  range.slices.clear();  // deregistered here, outside the lock: their keys stop working
 }
 
 void Agent::Unpin(const LeasedObject& object) {
@@ -383,11 +410,10 @@ void Agent::Unpin(const LeasedObject& object) {
   if (object.store_generation == generation) (void)store->Release(object.object);
 }
 
-Result<std::shared_ptr<fabric::MemoryRegion>> Agent::RegionFor(Fabric& fab, uint8_t* base,
-                                                               size_t size) {
+Result<fabric::RegisteredRange> Agent::RegionFor(Fabric& fab, uint8_t* base, size_t size) {
   std::lock_guard<std::mutex> lock(regions_mu_);
   auto it = fab.segments.find(base);
-  if (it != fab.segments.end() && it->second.region->length() >= size) return it->second.region;
+  if (it != fab.segments.end() && it->second.range.Contains(base, size)) return it->second.range;
   // The whole segment (the store's arena: every later object in it is served or filled with no
   // new registration), with exactly what the two sides need: this process's fi_read writes
   // replicas into it (pulling), and with arena exposure peers may read it (serving). Never remote
@@ -398,10 +424,10 @@ Result<std::shared_ptr<fabric::MemoryRegion>> Agent::RegionFor(Fabric& fab, uint
   // Private: this map is the cache, and it forgets a segment when it is unmapped; the engine's
   // own cache could hand back a registration of memory unmapped since (a new segment mapped at
   // the same address), still alive while a transfer holds it.
-  RF_ASSIGN_OR_RETURN(auto region,
-                      fab.engine->Register(base, size, access, fabric::Sharing::kPrivate));
-  fab.segments[base] = Registered{region};
-  return region;
+  RF_ASSIGN_OR_RETURN(auto range,
+                      fab.engine->RegisterRange(base, size, access, fabric::Sharing::kPrivate));
+  fab.segments[base] = Registered{range};
+  return range;
 }
 
 void Agent::OnSegmentUnmapped(const plasma::SegmentInfo& segment) {
@@ -453,12 +479,13 @@ void Agent::GrantLease(Fabric& fab, v1::Lease& lease, const ObjectId& id,
                        uint64_t generation) {
   // `obj` is pinned by our Get: every refusal below unpins it.
   const uint64_t bytes = obj.data_size + obj.metadata_size;
-  std::shared_ptr<fabric::MemoryRegion> region;
+  fabric::RegisteredRange region;
   if (fab.exposure == Exposure::kObject) {
-    // A registration of this object's bytes alone, with a key of its own, dropped when the
-    // lease ends: the holder can read this object and nothing else, and only while leased.
+    // A registration of this object's bytes alone (in slices if it is larger than one may be),
+    // with keys of its own, dropped when the lease ends: the holder can read this object and
+    // nothing else, and only while leased.
     auto own =
-        fab.engine->Register(obj.data, bytes, fabric::kRemoteRead, fabric::Sharing::kPrivate);
+        fab.engine->RegisterRange(obj.data, bytes, fabric::kRemoteRead, fabric::Sharing::kPrivate);
     if (!own.ok()) {
       (void)store.Release(id);
       return RefuseLease(lease, own.status().WithContext("registering object " + id.Hex()));
@@ -479,7 +506,7 @@ void Agent::GrantLease(Fabric& fab, v1::Lease& lease, const ObjectId& id,
   auto grant = leases_.Grant(LeasedObject{id, bytes, requester, generation}, ttl);
   if (!grant.ok()) {
     regions_lock.unlock();
-    region.reset();
+    region.slices.clear();
     (void)store.Release(id);
     return RefuseLease(lease, grant.status());
   }
@@ -489,8 +516,24 @@ void Agent::GrantLease(Fabric& fab, v1::Lease& lease, const ObjectId& id,
   bytes_leased_ += bytes;
   lease.set_lease_id(grant->id);
   lease.set_token(grant->token);
-  lease.set_region(region->Describe().Serialize());
-  lease.set_offset(static_cast<uint64_t>(obj.data - static_cast<uint8_t*>(region->base())));
+  // Where the object's bytes lie: one slice per registration they cross, in order.
+  const uint8_t* const end = obj.data + bytes;
+  for (const auto& slice : region.slices) {
+    const auto* base = static_cast<const uint8_t*>(slice->base());
+    const uint8_t* from = std::max<const uint8_t*>(obj.data, base);
+    const uint8_t* to = std::min<const uint8_t*>(end, base + slice->length());
+    if (from >= to) continue;
+    v1::LeaseSlice* out = lease.add_slices();
+    out->set_region(slice->Describe().Serialize());
+    out->set_offset(static_cast<uint64_t>(from - base));
+    out->set_length(static_cast<uint64_t>(to - from));
+  }
+  // The first slice also in the single-region fields, for readers that predate slices (an
+  // object that crosses slices is then refused by their engine's range check).
+  if (lease.slices_size() > 0) {
+    lease.set_region(lease.slices(0).region());
+    lease.set_offset(lease.slices(0).offset());
+  }
   lease.set_data_size(obj.data_size);
   lease.set_metadata_size(obj.metadata_size);
   lease.set_expires_in_ms(static_cast<uint64_t>(ttl.count()));
@@ -862,8 +905,6 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
   // The source answered on the best fabric both nodes speak; its address names the provider, and
   // only this node's engine of that provider may insert it.
   fabric::PeerId peer = 0;
-  fabric::RemoteRegion remote;
-  std::string last_region;
   Status peer_status = Status::OK();
   Fabric* fab = FabricFor(lease_reply.provider());
   if (fab == nullptr) {
@@ -908,6 +949,13 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
                                        std::to_string(job.lease.metadata_size()) +
                                        " bytes, but Ray's directory says " +
                                        std::to_string(job.item->object_size()) + ": refused"));
+      continue;
+    }
+    Status described = ParseSlices(job.lease, leased_size, job.remote);
+    if (!described.ok()) {
+      ++leases_size_mismatch_;
+      SetError(*job.result,
+               described.WithContext("the agent at " + source + " leased object " + job.id.Hex()));
       continue;
     }
     if (!peer_status.ok()) SetError(*job.result, peer_status);
@@ -965,21 +1013,10 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
       }
       job.created = true;
       job.replica = *replica;
-      Status s = Status::OK();
-      if (job.lease.region() != last_region) {
-        auto parsed = fabric::RemoteRegion::Parse(job.lease.region());
-        s = parsed.status();
-        if (parsed.ok()) {
-          remote = *parsed;
-          last_region = job.lease.region();
-        }
-      }
-      std::shared_ptr<fabric::MemoryRegion> local;
-      if (s.ok()) {
-        auto region = RegionFor(*fab, job.replica.segment_base, job.replica.segment_size);
-        s = region.status();
-        if (region.ok()) local = *region;
-      }
+      fabric::RegisteredRange local;
+      auto region = RegionFor(*fab, job.replica.segment_base, job.replica.segment_size);
+      Status s = region.status();
+      if (region.ok()) local = std::move(*region);
       if (s.ok()) {
         // The replica's pages may be new to this process's mapping of the store: map them in one
         // call rather than take a fault per page while the provider writes into them.
@@ -987,8 +1024,8 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
         if (!populated.ok() && !populate_warned_.exchange(true)) {
           RF_LOG(kInfo, "replicas are not populated before reads: " << populated.message());
         }
-        auto started = fab->engine->Start(fabric::RmaOp::kRead, peer, remote, local,
-                                          {{job.replica.data, bytes, job.lease.offset()}});
+        auto started = fab->engine->StartRange(fabric::RmaOp::kRead, peer, job.remote, local,
+                                               job.replica.data, bytes);
         s = started.status();
         if (started.ok()) job.transfer = *started;
       }

@@ -72,7 +72,7 @@ class Agent {
 
  private:
   struct Registered {
-    std::shared_ptr<fabric::MemoryRegion> region;
+    fabric::RegisteredRange range;  // in slices of at most max_registration
   };
   struct PullJob;
   // A store connection. Whoever uses one keeps it alive for as long as anything of theirs is in
@@ -107,9 +107,10 @@ class Agent {
   Result<StorePtr> ConnectStore();
   void WatchSegments(plasma::PlasmaClient& store);  // unmapped segments drop their registration
 
-  // The region of `fab` covering a mapped store segment (registered once, dropped on unmap).
-  Result<std::shared_ptr<fabric::MemoryRegion>> RegionFor(Fabric& fab, uint8_t* segment_base,
-                                                          size_t segment_size);
+  // The registration of `fab` covering a mapped store segment (registered once, in slices;
+  // dropped on unmap).
+  Result<fabric::RegisteredRange> RegionFor(Fabric& fab, uint8_t* segment_base,
+                                            size_t segment_size);
   void OnSegmentUnmapped(const plasma::SegmentInfo& segment);
   void LeaseBatch(Fabric& fab, v1::LeaseReply& reply, const std::vector<int>& indices,
                   const std::vector<ObjectId>& ids, std::chrono::milliseconds ttl,
@@ -162,7 +163,7 @@ class Agent {
   LeaseTable leases_;
   PeerClients peers_;
   std::mutex lease_regions_mu_;
-  std::map<uint64_t, std::shared_ptr<fabric::MemoryRegion>> lease_regions_;
+  std::map<uint64_t, fabric::RegisteredRange> lease_regions_;
   void DropLeaseRegion(uint64_t lease_id);
 
   std::chrono::milliseconds default_ttl_;

@@ -32,6 +32,11 @@ const std::vector<ConfigEntry>& ConfigTable() {
        "after a transfer failed, how long its operations still in flight may take to come back "
        "before the engine resets its endpoint (closing every connection) so that none of them "
        "can write a byte afterwards."},
+      {"max_registration", "RAYFABRIC_MAX_REGISTRATION", "4G",
+       "largest single memory registration: larger ranges (an object store's arena, a large "
+       "object) are registered in slices of this size. 4G fits EFA (one registration with remote "
+       "access is capped at 1M pages) and every NIC known; an object across two slices moves "
+       "as two reads."},
       {"log_level", "RAYFABRIC_LOG_LEVEL", "info", "error, warn, info or debug."},
       {"exposure", "RAYFABRIC_EXPOSURE", "auto",
        "agent: what a lease exposes. 'object': a registration (and key) of the leased object's "

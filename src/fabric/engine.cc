@@ -58,6 +58,16 @@ Result<Transfer> Engine::Start(RmaOp op, PeerId peer, const RemoteRegion& remote
   return core_->Start(op, peer, remote, local_region, spans);
 }
 
+Result<RegisteredRange> Engine::RegisterRange(void* base, size_t length, uint32_t access,
+                                              Sharing sharing) {
+  return core_->RegisterRange(base, length, access, sharing);
+}
+Result<Transfer> Engine::StartRange(RmaOp op, PeerId peer, const std::vector<RemoteSlice>& remote,
+                                    const RegisteredRange& local_range, void* local,
+                                    size_t length) {
+  return core_->StartRange(op, peer, remote, local_range, local, length);
+}
+
 Status Engine::Read(PeerId peer, const RemoteRegion& remote, uint64_t remote_offset,
                     const std::shared_ptr<MemoryRegion>& local_region, void* local, size_t length) {
   RF_ASSIGN_OR_RETURN(Transfer t, Start(RmaOp::kRead, peer, remote, local_region,

@@ -123,6 +123,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   Result<Transfer> Start(RmaOp op, PeerId peer, const RemoteRegion& remote,
                          const std::shared_ptr<MemoryRegion>& local_region,
                          const std::vector<RmaSpan>& spans);
+  Result<RegisteredRange> RegisterRange(void* base, size_t length, uint32_t access,
+                                        Sharing sharing);
+  Result<Transfer> StartRange(RmaOp op, PeerId peer, const std::vector<RemoteSlice>& remote,
+                              const RegisteredRange& local_range, void* local, size_t length);
   void Cancel(TransferState& t, const std::string& why);
   FabricAddress Address() const;
   EngineStats Stats() const;

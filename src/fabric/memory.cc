@@ -4,6 +4,7 @@
 #include <sys/random.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "fabric/engine_core.h"
@@ -131,6 +132,24 @@ Result<std::shared_ptr<MemoryRegion>> EngineCore::Register(void* base, size_t le
   return region;
 }
 
+Result<RegisteredRange> EngineCore::RegisterRange(void* base, size_t length, uint32_t access,
+                                                  Sharing sharing) {
+  if (base == nullptr || length == 0) return InvalidArgument("RegisterRange: empty range");
+  const uint64_t slice = profile_.max_registration_bytes;
+  RegisteredRange range;
+  for (size_t at = 0; at < length; at += slice) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(slice, length - at));
+    auto region = Register(static_cast<char*>(base) + at, n, access, sharing);
+    if (!region.ok()) {
+      return region.status().WithContext(
+          "registering slice " + std::to_string(range.slices.size() + 1) + " of " +
+          std::to_string((length + slice - 1) / slice) + " (" + HumanBytes(slice) + " each)");
+    }
+    range.slices.push_back(std::move(*region));
+  }
+  return range;
+}
+
 void EngineCore::Deregister(MemoryRegion* region) {
   {
     std::lock_guard<std::recursive_mutex> lock(mu_);
@@ -182,6 +201,23 @@ RemoteRegion MemoryRegion::Describe() const {
 }
 
 void* MemoryRegion::local_desc() const { return mr_ ? fi_mr_desc(mr_) : nullptr; }
+
+// --------------------------------------------------------------------------- RegisteredRange
+
+const MemoryRegion* RegisteredRange::SliceFor(const void* p) const {
+  for (const auto& slice : slices) {
+    if (slice->Contains(p, 1)) return slice.get();
+  }
+  return nullptr;
+}
+
+bool RegisteredRange::Contains(const void* p, size_t len) const {
+  if (slices.empty()) return false;
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  const auto lo = reinterpret_cast<uintptr_t>(slices.front()->base());
+  const auto hi = reinterpret_cast<uintptr_t>(slices.back()->base()) + slices.back()->length();
+  return a >= lo && len <= hi - lo && a - lo <= hi - lo - len;
+}
 
 // ------------------------------------------------------------------------------ RemoteRegion
 

@@ -27,42 +27,68 @@ constexpr size_t kCqBatch = 64;
 
 // ---------------------------------------------------------------------------------- Transfer
 
-Status Transfer::Wait(std::chrono::milliseconds timeout) const {
-  if (!state_) return InvalidArgument("Wait() on an empty Transfer");
-  std::unique_lock<std::mutex> lock(state_->wait_mu);
-  if (timeout == std::chrono::milliseconds::max()) {
-    state_->wait_cv.wait(lock, [&] { return state_->done; });
-  } else if (!state_->wait_cv.wait_for(lock, timeout, [&] { return state_->done; })) {
-    return TimedOut(state_->what + " still running after waiting " +
-                    std::to_string(timeout.count()) + " ms");
+Transfer Transfer::Join(const std::vector<Transfer>& transfers) {
+  Transfer joined;
+  for (const Transfer& t : transfers) {
+    joined.parts_.insert(joined.parts_.end(), t.parts_.begin(), t.parts_.end());
   }
-  return state_->status;
+  return joined;
+}
+
+Status Transfer::Wait(std::chrono::milliseconds timeout) const {
+  if (parts_.empty()) return InvalidArgument("Wait() on an empty Transfer");
+  const bool forever = timeout == std::chrono::milliseconds::max();
+  const auto deadline = forever ? Clock::time_point::max() : Clock::now() + timeout;
+  Status first_failure;
+  for (const auto& state : parts_) {
+    std::unique_lock<std::mutex> lock(state->wait_mu);
+    if (forever) {
+      state->wait_cv.wait(lock, [&] { return state->done; });
+    } else if (!state->wait_cv.wait_until(lock, deadline, [&] { return state->done; })) {
+      return TimedOut(state->what + " still running after waiting " +
+                      std::to_string(timeout.count()) + " ms");
+    }
+    if (!state->status.ok() && first_failure.ok()) first_failure = state->status;
+  }
+  return first_failure;
 }
 
 bool Transfer::Done() const {
-  if (!state_) return true;
-  std::lock_guard<std::mutex> lock(state_->wait_mu);
-  return state_->done;
+  for (const auto& state : parts_) {
+    std::lock_guard<std::mutex> lock(state->wait_mu);
+    if (!state->done) return false;
+  }
+  return true;
 }
 
 bool Transfer::Quiesced() const {
-  if (!state_) return true;
-  std::lock_guard<std::mutex> lock(state_->wait_mu);
-  return state_->quiesced;
+  for (const auto& state : parts_) {
+    std::lock_guard<std::mutex> lock(state->wait_mu);
+    if (!state->quiesced) return false;
+  }
+  return true;
 }
 
 bool Transfer::WaitQuiesced(std::chrono::milliseconds timeout) const {
-  if (!state_) return true;
-  std::unique_lock<std::mutex> lock(state_->wait_mu);
-  return state_->wait_cv.wait_for(lock, timeout, [&] { return state_->quiesced; });
+  const auto deadline = Clock::now() + timeout;
+  for (const auto& state : parts_) {
+    std::unique_lock<std::mutex> lock(state->wait_mu);
+    if (!state->wait_cv.wait_until(lock, deadline, [&] { return state->quiesced; })) return false;
+  }
+  return true;
 }
 
 void Transfer::Cancel(const std::string& why) const {
-  if (!state_) return;
-  if (auto core = state_->core.lock()) core->Cancel(*state_, why);
+  for (const auto& state : parts_) {
+    if (auto core = state->core.lock()) core->Cancel(*state, why);
+  }
 }
 
-uint64_t Transfer::bytes() const { return state_ ? state_->total_bytes : 0; }
+uint64_t Transfer::bytes() const {
+  uint64_t total = 0;
+  for (const auto& state : parts_) total += state->total_bytes;
+  return total;
+}
 
 // ------------------------------------------------------------------------------ EngineCore
 
@@ -123,6 +149,60 @@ Result<Transfer> EngineCore::Start(RmaOp op, PeerId peer, const RemoteRegion& re
   if (blocked_) Wake();  // (the progress thread looks at timeouts every kProgressWaitMs anyway)
   ReapLocked();
   return Transfer(t);
+}
+
+Result<Transfer> EngineCore::StartRange(RmaOp op, PeerId peer,
+                                        const std::vector<RemoteSlice>& remote,
+                                        const RegisteredRange& local_range, void* local,
+                                        size_t length) {
+  const char* verb = op == RmaOp::kRead ? "fi_read" : "fi_write";
+  uint64_t remote_total = 0;
+  for (const RemoteSlice& r : remote) {
+    if (r.length == 0 || r.offset > r.region.length || r.length > r.region.length - r.offset) {
+      return OutOfRange(std::string(verb) + ": remote slice [" + std::to_string(r.offset) + ", +" +
+                        std::to_string(r.length) + ") exceeds its region of " +
+                        std::to_string(r.region.length) + " bytes");
+    }
+    remote_total += r.length;
+  }
+  if (remote_total != length) {
+    return OutOfRange(std::string(verb) + ": the remote slices hold " +
+                      std::to_string(remote_total) + " bytes, the local buffer " +
+                      std::to_string(length));
+  }
+  if (!local_range.Contains(local, length)) {
+    return OutOfRange(std::string(verb) + ": local buffer of " + HumanBytes(length) +
+                      " lies outside its registered range");
+  }
+  // Pieces that lie in one remote and one local registration each, in order.
+  std::vector<Transfer> parts;
+  char* at = static_cast<char*>(local);
+  for (const RemoteSlice& r : remote) {
+    uint64_t done = 0;
+    while (done < r.length) {
+      std::shared_ptr<MemoryRegion> slice;
+      for (const auto& candidate : local_range.slices) {
+        if (candidate->Contains(at, 1)) slice = candidate;
+      }
+      if (!slice) return Internal(std::string(verb) + ": no local slice holds a byte of the range");
+      const uint64_t local_left =
+          static_cast<uint64_t>(static_cast<char*>(slice->base()) + slice->length() - at);
+      const uint64_t n = std::min(r.length - done, local_left);
+      auto part = Start(op, peer, r.region, slice, {{at, static_cast<size_t>(n), r.offset + done}});
+      if (!part.ok()) {
+        if (parts.empty()) return part.status();  // nothing posted
+        // What was posted already is cancelled (and drained by the usual rules): the caller gets
+        // a transfer that fails, and treats it as any failed one.
+        Transfer started = Transfer::Join(parts);
+        started.Cancel("a later part of the range could not start: " + part.status().message());
+        return started;
+      }
+      parts.push_back(*part);
+      at += n;
+      done += n;
+    }
+  }
+  return Transfer::Join(parts);
 }
 
 void EngineCore::PumpLocked(TransferState& t) {

@@ -29,7 +29,11 @@ PROVIDERS = [p for p in os.environ.get("RAYFABRIC_TEST_PROVIDERS", "tcp;ofi_rxm,
 MiB = 1 << 20
 SMALL_STORE = 400 * MiB
 # Short bounds so that fault cases end quickly: a transfer to a dead peer fails after 8 s.
-AGENT_ENV = {"RAYFABRIC_OP_TIMEOUT_MS": "8000", "RAYFABRIC_CREATE_TIMEOUT_MS": "3000"}
+# Registrations capped at 64 MiB (default 4 GiB, EFA's limit): the stores' arenas and every object
+# above 64 MiB are registered in slices, and objects cross slice boundaries in every test here.
+SLICE = 64 * MiB
+AGENT_ENV = {"RAYFABRIC_OP_TIMEOUT_MS": "8000", "RAYFABRIC_CREATE_TIMEOUT_MS": "3000",
+             "RAYFABRIC_MAX_REGISTRATION": "64M"}
 
 
 @pytest.fixture(scope="module", params=PROVIDERS)
@@ -549,6 +553,70 @@ def test_releases_to_a_source_that_does_not_answer(cluster):
     # The held releases reach the source once it answers again (NotFound: already released then).
     assert len(codes) == 3 and set(codes) <= {"", "NotFound"}, codes
     del refs
+    assert wait_idle() == {}
+
+
+def test_objects_across_registration_slices(cluster):
+    """With registrations capped at 64 MiB, a lease describes an object by the slices it crosses
+    (object exposure: its own registrations; arena exposure: the arena's), they add up to the
+    object, and the object arrives byte-identical on the other node."""
+    seeds = (61, 62, 63)
+    sizes = (SLICE + 5 * MiB, 2 * SLICE + 1, 3 * MiB)
+    refs = [on("n1", produce).remote("bytes", n, seed) for n, seed in zip(sizes, seeds)]
+    ray.wait(refs, num_returns=len(refs), fetch_local=False, timeout=120)
+    c = client_of(cluster, "n1")
+    reply = c.lease([r.binary() for r in refs], ttl_ms=60000)
+    try:
+        for lease, n in zip(reply.leases, sizes):
+            assert lease.error_code == pb.ERROR_CODE_NONE, lease
+            total = lease.data_size + lease.metadata_size
+            assert sum(s.length for s in lease.slices) == total
+            assert all(0 < s.length <= SLICE for s in lease.slices), [s.length for s in lease.slices]
+            assert len(lease.slices) >= -(-total // SLICE), (n, len(lease.slices))
+            assert lease.region == lease.slices[0].region and lease.offset == lease.slices[0].offset
+        assert len(reply.leases[1].slices) >= 3
+    finally:
+        c.release([(lease.lease_id, lease.token) for lease in reply.leases if lease.lease_id])
+    out = ray.get(on("n0", fetch).remote(refs), timeout=300)
+    want = [digest_of(make_value("bytes", n, seed)) for n, seed in zip(sizes, seeds)]
+    assert out["digests"] == want
+    assert out["pulled"] == 3 and out["fallbacks"] == 0, out["reasons"]
+    assert wait_idle() == {}
+
+
+def test_a_lease_whose_slices_do_not_add_up_is_refused(cluster):
+    """A source that describes more (or fewer) bytes in its slices than the object has: nothing is
+    created, Ray's path delivers."""
+    src = cluster["nodes"]["n1"]
+    ref = on("n1", produce).remote("bytes", 3 * MiB, 64)
+    ray.wait([ref], fetch_local=False, timeout=120)
+    size = ray.experimental.get_object_locations([ref])[ref]["object_size"]
+
+    class Stretching(AgentFront):
+        def forward(self, method, payload):
+            reply = super().forward(method, payload)
+            if method != "LeaseObjects":
+                return reply
+            lying = pb.LeaseReply.FromString(reply)
+            for lease in lying.leases:
+                if lease.slices:
+                    lease.slices[-1].length += 4096
+            return lying.SerializeToString()
+    front = Stretching(cluster["records"][src]["address"])
+    try:
+        before = agent_status(cluster["nodes"]["n0"])
+        local = client_of(cluster, "n0", local=True)
+        result = local.pull([pull_item(ref, front.address, size)], 30).results[0]
+        assert result.outcome == pb.FAILED and error_name(result.error_code) == "OutOfRange", result
+        assert "slices describe" in result.error, result.error
+        after = agent_status(cluster["nodes"]["n0"])
+        assert after["leases_size_mismatch"] - before["leases_size_mismatch"] == 1
+        assert after["objects_pulled"] == before["objects_pulled"]
+        # The refused lease is released through the front: keep it up until it is.
+        assert wait_for(lambda: agent_status(src)["leases_active"] == 0)
+    finally:
+        front.close()
+    assert digest_of(ray.get(ref, timeout=120)) == digest_of(make_value("bytes", 3 * MiB, 64))
     assert wait_idle() == {}
 
 

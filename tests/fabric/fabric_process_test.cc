@@ -306,6 +306,67 @@ TEST_F(FabricProcessTest, AddressOfAnotherProviderIsRefused) {
   EXPECT_LT(FirstMismatch(local.data(), 4096, 5), 0);
 }
 
+// Registrations are capped (EFA: 4 GiB with remote access); a range larger than the cap is
+// registered in slices, and a transfer crosses slice boundaries on both sides: here a 1 MiB cap
+// locally (7 slices, the buffer read at an odd offset) and the peer's region described as three
+// remote slices of odd sizes. Every byte arrives, in order.
+TEST_F(FabricProcessTest, RangeAcrossSlicesOnBothSidesMovesEveryByte) {
+  constexpr size_t kMiB = 1 << 20;
+  auto e = OpenEngine({{"max_registration", "1M"}});
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->profile().max_registration_bytes, kMiB);
+  auto peer = StartPeer(6 * kMiB, 31);
+  ASSERT_TRUE(peer->ready());
+  auto id = e->AddPeer(peer->address());
+  ASSERT_TRUE(id.ok()) << id.status();
+  Buffer local(6 * kMiB + 4096);
+  auto range = e->RegisterRange(local.data(), local.size(), fabric::kLocalRead);
+  ASSERT_TRUE(range.ok()) << range.status();
+  ASSERT_EQ(range->slices.size(), 7U);
+  for (size_t i = 0; i < range->slices.size(); ++i) {
+    EXPECT_EQ(range->slices[i]->base(), local.data() + i * kMiB);
+    EXPECT_LE(range->slices[i]->length(), kMiB);
+  }
+  EXPECT_EQ(range->SliceFor(local.data() + kMiB + 5), range->slices[1].get());
+  const fabric::RemoteRegion& r = peer->region();
+  const size_t length = 6 * kMiB - 100;
+  const std::vector<fabric::RemoteSlice> remote = {
+      {r, 0, kMiB + kMiB / 2 + 1}, {r, kMiB + kMiB / 2 + 1, 3}, {r, kMiB + kMiB / 2 + 4, 0}};
+  std::vector<fabric::RemoteSlice> slices = remote;
+  slices[2].length = length - (kMiB + kMiB / 2 + 4);
+  std::memset(local.data(), 0, local.size());
+  char* at = local.data() + 4093;  // not aligned: every local slice boundary falls mid-piece
+  auto t = e->StartRange(RmaOp::kRead, *id, slices, *range, at, length);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE(t->Wait().ok());
+  EXPECT_EQ(t->bytes(), length);
+  EXPECT_LT(FirstMismatch(at, length, 31), 0);
+  EXPECT_TRUE(AllBytesAre(local.data(), 4093, 0));
+  EXPECT_TRUE(AllBytesAre(at + length, local.size() - 4093 - length, 0));
+
+  // Slices that do not add up to the buffer, or a buffer outside the range: refused, nothing
+  // posted.
+  const uint64_t posted = e->stats().ops_posted;
+  slices[2].length -= 1;
+  EXPECT_EQ(e->StartRange(RmaOp::kRead, *id, slices, *range, at, length).status().code(),
+            StatusCode::kOutOfRange);
+  slices[2].length += 1;
+  EXPECT_EQ(
+      e->StartRange(RmaOp::kRead, *id, slices, *range, local.data() + 8192, length).status().code(),
+      StatusCode::kOutOfRange);
+  slices[0].offset = r.length;  // past the remote region
+  EXPECT_EQ(e->StartRange(RmaOp::kRead, *id, slices, *range, at, length).status().code(),
+            StatusCode::kOutOfRange);
+  EXPECT_EQ(e->stats().ops_posted, posted);
+
+  // A cap below 1 MiB is refused with its name.
+  Config small = TestConfig();
+  ASSERT_TRUE(small.Set("max_registration", "64K").ok());
+  auto refused = Engine::Open(small);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("max_registration"), std::string::npos);
+}
+
 TEST(FabricAddressTest, RoundTripsAndRefusesTruncation) {
   fabric::FabricAddress a{"tcp;ofi_rxm", "192.0.2.0/24", "eth0", std::string("\x02\0\x1f\x90", 4)};
   auto back = fabric::FabricAddress::Parse(a.Serialize());

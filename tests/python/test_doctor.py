@@ -307,6 +307,21 @@ def test_rdma_provider_but_no_rdm_endpoint():
     assert codes(doctor.check_libfabric(ok(FI_LIST_GUEST), nodata)) == ["no-rdma-rdm-endpoint"]
 
 
+def test_efa_facts_name_rdma_read_the_registration_cap_and_fork_safety(tmp_path):
+    devs = doctor.read_ib_devices(make_sysfs(tmp_path, {"rdmap16s27": {"ports": {1: EFA_PORT}, "driver": "efa"}}))
+    (f,) = doctor.check_efa_facts(devs, True, "p4d.24xlarge")
+    assert (f.severity, f.code) == (INFO, "efa-facts")
+    assert "p4d.24xlarge: the EFA device does RDMA read" in f.message
+    assert "4 GiB" in f.message and "RAYFABRIC_MAX_REGISTRATION" in f.message
+    assert "FI_EFA_FORK_SAFE" in f.message and "never forks" in f.message
+    (f,) = doctor.check_efa_facts(devs, True, "c5n.18xlarge")
+    assert "not known to have EFA RDMA read" in f.message and "emulates fi_read" in f.message
+    (f,) = doctor.check_efa_facts(devs, True, "")
+    assert "instance type unknown" in f.message
+    assert doctor.check_efa_facts(devs, False, "p4d.24xlarge") == []      # no provider: check_efa says so
+    assert doctor.check_efa_facts([], True, "p4d.24xlarge") == []        # no EFA device
+
+
 def test_efa_device_without_efa_provider(tmp_path):
     devs = doctor.read_ib_devices(make_sysfs(tmp_path, {"rdmap16s27": {"ports": {1: EFA_PORT}, "driver": "efa"}}))
     (f,) = doctor.check_efa(devs, FiRun(["fi_info", "-p", "efa"], rc=61, out=NODATA))
