@@ -121,6 +121,36 @@ class NodeAgent:
         self.record["alive"] = self.proc.poll() is None
         return self.record
 
+    def prefetch(self, wrapped_refs, claim=False):
+        """Pulls call arguments bound for this node into its store by the fabric (rayfabric.args).
+        claim=False: in the background, as soon as each exists; returns at once. claim=True (the
+        arguments exist): returns once this node's agent has claimed them (their replicas are
+        created, so Ray's own pull waits for the agent's), the reads going on."""
+        import concurrent.futures
+        from rayfabric import api
+        refs = wrapped_refs[0]
+        if claim:
+            try:
+                api.prefetch(refs, timeout=api.PULL_TIMEOUT_S, claim=True)
+            except Exception as e:  # noqa: BLE001 - counted; Ray's own pull delivers
+                api._fallback(f"argument prefetch failed: {type(e).__name__}: {e}", len(refs))
+            return len(refs)
+        if getattr(self, "_pool", None) is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="rayfabric-args")
+
+        def pull():
+            try:
+                api.prefetch(refs, timeout=api.PULL_TIMEOUT_S)
+            except Exception as e:  # noqa: BLE001 - counted; Ray's own pull delivers
+                api._fallback(f"argument prefetch failed: {type(e).__name__}: {e}", len(refs))
+        self._pool.submit(pull)
+        return len(refs)
+
+    def prefetch_stats(self):
+        """What this node's argument prefetches did (its rayfabric.stats())."""
+        from rayfabric import api
+        return api.stats()
+
     def kill_agent(self, sig=9):
         """Tests: kill the rayfabricd process (not this actor)."""
         os.kill(self.proc.pid, sig)

@@ -64,10 +64,12 @@ class AgentClient:
         refs = [pb.LeaseRef(lease_id=i, token=t) for i, t in leases]
         return self._release(pb.ReleaseRequest(protocol_version=PROTOCOL, leases=refs), timeout=timeout)
 
-    def pull(self, items, timeout_s):
+    def pull(self, items, timeout_s, answer_when_claimed=False):
         """items: list of pb.PullItem. The agent bounds its own work by timeout_s; the RPC gets a
-        few seconds more so that its answer (with per-object errors) arrives."""
-        req = pb.PullRequest(protocol_version=PROTOCOL, items=items, timeout_ms=int(timeout_s * 1000))
+        few seconds more so that its answer (with per-object errors) arrives. answer_when_claimed:
+        the answer comes once every object is claimed (CLAIMED), the reads go on."""
+        req = pb.PullRequest(protocol_version=PROTOCOL, items=items, timeout_ms=int(timeout_s * 1000),
+                             answer_when_claimed=answer_when_claimed)
         return self._pull(req, timeout=timeout_s + 10)
 
     def status(self, timeout=10):

@@ -32,7 +32,10 @@ _watcher = None
 _agents_cache = {"at": 0.0, "records": {}}
 _stats = {"objects_pulled": 0, "bytes_pulled": 0, "already_local": 0, "stood_aside": 0,
           "ray_path_small": 0, "ray_path_not_in_plasma": 0, "ray_path_spilled": 0, "fallbacks": 0,
-          "fallback_reasons": {}}
+          "fallback_reasons": {}, "already_here": 0, "claimed": 0,
+          # call arguments (rayfabric.args): asked of the destination's node, or not (why)
+          "args_prefetch_asked": 0, "args_no_destination": 0, "args_no_agent": 0,
+          "args_claim_waited": 0, "args_claim_timeouts": 0, "args_not_worth_a_pull": 0}
 
 
 def init(provider=None, watch_new_nodes=True, env=None, node_env=None):
@@ -150,9 +153,10 @@ def _locations(core_worker, refs, get_locations=None):
     return out
 
 
-def _pull(refs, timeout):
+def _pull(refs, timeout, claim=False):
     """Pulls by the fabric what is in another node's plasma; returns nothing, counts everything.
-    Never raises for a transfer problem: whatever did not arrive is left to Ray's path."""
+    Never raises for a transfer problem: whatever did not arrive is left to Ray's path. claim:
+    return once the agent has claimed the objects (created their replicas); the reads go on."""
     if not refs:
         return
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -183,6 +187,7 @@ def _pull(refs, timeout):
         nodes = loc.get("node_ids") or []
         size = loc.get("object_size") or 0
         if here in nodes:
+            _count("already_here")  # nothing to move (for call arguments: Ray's pull was done first)
             continue
         if not nodes:
             _count("ray_path_not_in_plasma")  # inlined in the owner, spilled, or lost
@@ -214,7 +219,7 @@ def _pull(refs, timeout):
         # This node's agent serves Pull on its local socket only.
         local_address = "unix:" + local["local_socket"]
         try:
-            reply = _client(local_address).pull(items, left)
+            reply = _client(local_address).pull(items, left, answer_when_claimed=claim)
         except Exception as e:  # noqa: BLE001 - agent dead/unreachable: Ray's path
             code = e.code().name if hasattr(e, "code") else type(e).__name__
             _fallback(f"local agent at {local_address} did not answer ({code})", len(items))
@@ -226,6 +231,8 @@ def _pull(refs, timeout):
                 with _lock:
                     _stats["objects_pulled"] += 1
                     _stats["bytes_pulled"] += r.bytes
+            elif r.outcome == pb.CLAIMED:
+                _count("claimed")  # its read goes on at the agent (the agent counts the bytes)
             elif r.outcome == pb.ALREADY_LOCAL:
                 _count("already_local")
             elif r.outcome == pb.STOOD_ASIDE:
@@ -255,10 +262,12 @@ def _pull(refs, timeout):
             return
 
 
-def prefetch(refs, timeout=None):
-    """Moves remote plasma objects into this node's store by the fabric; does not ray.get them."""
+def prefetch(refs, timeout=None, claim=False):
+    """Moves remote plasma objects into this node's store by the fabric; does not ray.get them.
+    claim=True: returns once this node's agent has claimed them (created their replicas, so that
+    Ray's own pull waits for the agent's); the reads go on."""
     single = isinstance(refs, ray.ObjectRef)
-    _pull([refs] if single else list(refs), timeout)
+    _pull([refs] if single else list(refs), timeout, claim)
 
 
 def get(refs, timeout=None):

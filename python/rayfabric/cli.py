@@ -6,6 +6,7 @@
     rayfabric demo   [--size-mb N] [--provider P]      README's main job (its own local cluster)
     rayfabric doctor [--json] ...                      what this node's fabric can do
     rayfabric bench  ...                               Ray vs rayfabric, side by side
+    rayfabric bench-args ...                           call arguments: Ray alone vs rayfabric.args
 
 start is idempotent: run it again after nodes join (agents that run are kept)."""
 import argparse
@@ -57,8 +58,12 @@ def main(argv=None):
     sub.add_parser("demo", help="README's main job", add_help=False)
     sub.add_parser("doctor", help="what this node's fabric can do", add_help=False)
     sub.add_parser("bench", help="Ray vs rayfabric benchmark", add_help=False)
-    if argv and argv[0] in ("demo", "doctor", "bench"):
+    sub.add_parser("bench-args", help="call arguments: Ray alone vs rayfabric.args", add_help=False)
+    if argv and argv[0] in ("demo", "doctor", "bench", "bench-args"):
         rest = argv[1:]
+        if argv[0] == "bench-args":
+            from rayfabric import bench_args
+            return bench_args.main(rest)
         if argv[0] == "demo":
             from rayfabric import demo
             return demo.main(rest)

@@ -5,8 +5,9 @@ In every worker:    ray.init(..., runtime_env={"worker_process_setup_hook":
                                               "rayfabric.transparent.enable"})
                     (or rayfabric.transparent.runtime_env() merged into yours)
 
-Only explicit ray.get calls are routed (task arguments are still resolved by Ray itself); any
-failure falls back to Ray's path, so results are always what ray.get returns."""
+Explicit ray.get calls are routed, and so are the ObjectRef arguments of calls whose destination
+node is known at submission (actor method calls, node-affinity and placement-group tasks:
+rayfabric.args); any failure falls back to Ray's path, so results are always what Ray returns."""
 import os
 
 import ray
@@ -27,12 +28,16 @@ def _get(object_refs, *, timeout=None):
     return _original_get(object_refs, timeout=timeout)
 
 
-def enable():
-    """Routes ray.get through rayfabric in this process (idempotent)."""
+def enable(arguments=True):
+    """Routes ray.get through rayfabric in this process, and (arguments=True) asks the destination
+    node of each call with a known one to pull its ObjectRef arguments (idempotent)."""
     global _original_get
     if _original_get is None:
         _original_get = api._ray_get
         ray.get = _get
+    if arguments and os.environ.get("RAYFABRIC_ARGS", "1") != "0":
+        from rayfabric import args
+        args.install()
     return True
 
 
@@ -41,6 +46,8 @@ def disable():
     if _original_get is not None:
         ray.get = _original_get
         _original_get = None
+    from rayfabric import args
+    args.uninstall()
 
 
 def enabled():

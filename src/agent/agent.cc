@@ -134,6 +134,7 @@ Status ParseSlices(const v1::Lease& lease, uint64_t size, std::vector<fabric::Re
 
 // One object of a Pull: its request, its result, and what it holds while in flight.
 struct Agent::PullJob {
+  size_t index = 0;  // in the Pull's items
   const v1::PullItem* item = nullptr;
   v1::PullResult* result = nullptr;
   ObjectId id;
@@ -255,6 +256,12 @@ Agent::Agent(AgentOptions options, StorePtr serve_store, StorePtr pull_store,
 }
 
 Agent::~Agent() {
+  {
+    // Early-answered Pulls still reading: cut short (they stop at their next step) and waited for.
+    std::unique_lock<std::mutex> lock(background_mu_);
+    stopping_pulls_ = true;
+    background_cv_.wait(lock, [this] { return background_pulls_ == 0; });
+  }
   auto unanswered = [this] { return releases_in_flight_.empty(); };
   std::vector<PendingRelease*> to_cancel;
   {
@@ -714,8 +721,100 @@ void Agent::EndFailedReplica(PullJob& job, const StorePtr& store) {
   job.created = false;
 }
 
+class Agent::ClaimWatch {
+ public:
+  explicit ClaimWatch(size_t n) : results_(n), settled_(n, false) {}
+
+  void Settle(size_t index, const v1::PullResult& result, bool claimed) {
+    std::lock_guard<std::mutex> lock(mu_);
+    results_[index] = result;
+    if (claimed) results_[index].set_outcome(v1::CLAIMED);
+    if (!settled_[index]) {
+      settled_[index] = true;
+      ++count_;
+    }
+    cv_.notify_all();
+  }
+  void Finish() {
+    std::lock_guard<std::mutex> lock(mu_);
+    finished_ = true;
+    cv_.notify_all();
+  }
+  // What is known when every item is settled, the pull ended, or `deadline` passed.
+  v1::PullReply Wait(Clock::time_point deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_until(lock, deadline, [&] { return finished_ || count_ == results_.size(); });
+    v1::PullReply reply;
+    for (size_t i = 0; i < results_.size(); ++i) {
+      v1::PullResult* r = reply.add_results();
+      *r = results_[i];
+      if (!settled_[i]) {
+        SetError(*r, TimedOut("not claimed by the caller's deadline; the pull goes on"));
+      }
+    }
+    return reply;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<v1::PullResult> results_;
+  std::vector<bool> settled_;
+  size_t count_ = 0;
+  bool finished_ = false;
+};
+
+void Agent::Settle(const PullBounds& bounds, const std::vector<PullJob*>& jobs) {
+  if (bounds.claims == nullptr) return;
+  for (const PullJob* job : jobs) {
+    if (job->created) {
+      bounds.claims->Settle(job->index, *job->result, true);
+    } else if (job->result->outcome() != v1::PULL_OUTCOME_UNSPECIFIED) {
+      bounds.claims->Settle(job->index, *job->result, false);
+    }
+  }
+}
+
 v1::PullReply Agent::Pull(const v1::PullRequest& request, Clock::time_point caller_deadline,
                           std::function<bool()> cancelled) {
+  if (!request.answer_when_claimed()) {
+    return RunPull(request, caller_deadline, std::move(cancelled), nullptr);
+  }
+  // Answered once every object is claimed; the reads go on here, bounded by the request's own
+  // timeout (not by the caller, who has its answer by then), and are cut short at exit.
+  const auto deadline =
+      Clock::now() +
+      std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms() : op_timeout_ms_);
+  auto copy = std::make_shared<v1::PullRequest>(request);
+  auto watch = std::make_shared<ClaimWatch>(static_cast<size_t>(request.items_size()));
+  {
+    std::lock_guard<std::mutex> lock(background_mu_);
+    if (stopping_pulls_) {
+      v1::PullReply reply;
+      for (const v1::PullItem& item : request.items()) {
+        v1::PullResult* r = reply.add_results();
+        r->set_object_id(item.object_id());
+        SetError(*r, Aborted("the agent is stopping"));
+      }
+      return reply;
+    }
+    ++background_pulls_;
+  }
+  std::thread([this, copy, watch, deadline] {
+    (void)RunPull(
+        *copy, deadline, [this] { return stopping_pulls_.load(); }, watch.get());
+    watch->Finish();
+    std::lock_guard<std::mutex> lock(background_mu_);
+    --background_pulls_;
+    background_cv_.notify_all();
+  }).detach();
+  v1::PullReply reply = watch->Wait(std::min(caller_deadline, deadline));
+  reply.set_provider(fabrics_.front().provider());
+  return reply;
+}
+
+v1::PullReply Agent::RunPull(const v1::PullRequest& request, Clock::time_point caller_deadline,
+                             std::function<bool()> cancelled, ClaimWatch* claims) {
   v1::PullReply reply;
   // The best fabric; each result says which one its read used.
   reply.set_provider(fabrics_.front().provider());
@@ -727,6 +826,7 @@ v1::PullReply Agent::Pull(const v1::PullRequest& request, Clock::time_point call
   std::vector<PullJob*> pending;
   for (int i = 0; i < request.items_size(); ++i) {
     PullJob& job = jobs[static_cast<size_t>(i)];
+    job.index = static_cast<size_t>(i);
     job.item = &request.items(i);
     job.result = reply.add_results();
     job.result->set_object_id(job.item->object_id());
@@ -751,7 +851,12 @@ v1::PullReply Agent::Pull(const v1::PullRequest& request, Clock::time_point call
     // AlreadyExists for what is (one store round trip per object saved).
     pending.push_back(&job);
   }
-  PullOnce(std::move(pending), PullBounds{deadline, std::move(cancelled)});
+  PullOnce(std::move(pending), PullBounds{deadline, std::move(cancelled), claims});
+  if (claims != nullptr) {
+    std::vector<PullJob*> all;
+    for (PullJob& job : jobs) all.push_back(&job);
+    Settle(PullBounds{deadline, nullptr, claims}, all);
+  }
   for (const PullJob& job : jobs) {
     if (job.result->outcome() == v1::FAILED) {
       ++pulls_failed_;
@@ -787,6 +892,10 @@ void Agent::PullOnce(std::vector<PullJob*> pending, const PullBounds& bounds) {
       }
     }
     pending.clear();
+    // Being created by another Pull of this agent: claimed already.
+    if (bounds.claims != nullptr) {
+      for (PullJob* job : waiting) bounds.claims->Settle(job->index, *job->result, true);
+    }
     // Sources are pulled concurrently (fan-in): each has its own lease and reads; the store
     // connection and the engine serialize what must be. The others run on the agent's bounded
     // pool, the first on this thread.
@@ -961,6 +1070,7 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
     if (!peer_status.ok()) SetError(*job.result, peer_status);
   }
   for (PullJob* job : jobs) job->result->set_provider(lease_reply.provider());
+  Settle(bounds, jobs);  // the refused ones
 
   // 2. In waves: create the replica, start its read; then wait, seal or abort.
   size_t next = 0;
@@ -1040,6 +1150,7 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
       wave.push_back(&job);
       wave_bytes += bytes;
     }
+    Settle(bounds, jobs);  // this wave's replicas are created: claimed
     for (PullJob* job : wave) {
       // In steps, so that a caller that went away is noticed (its reads are then cut off).
       Status s;

@@ -121,12 +121,21 @@ class Agent {
   // Unpins a leased object, on the connection it was pinned on if that one still lives.
   void Unpin(const LeasedObject& object);
   void RefuseLease(v1::Lease& lease, const Status& why);
+  // An early-answered Pull's view of its items (answer_when_claimed): which are settled (claimed
+  // here, or finished) and a copy of each one's result for the early reply.
+  class ClaimWatch;
   // What bounds one Pull: its deadline, and whether its caller went away.
   struct PullBounds {
     std::chrono::steady_clock::time_point deadline;
     std::function<bool()> cancelled;  // may be empty
+    ClaimWatch* claims = nullptr;     // set for an early-answered Pull
     bool Cancelled() const { return cancelled && cancelled(); }
   };
+  v1::PullReply RunPull(const v1::PullRequest& request,
+                        std::chrono::steady_clock::time_point deadline,
+                        std::function<bool()> cancelled, ClaimWatch* claims);
+  // Reports to an early-answered Pull the jobs that are settled: created here, or finished.
+  void Settle(const PullBounds& bounds, const std::vector<PullJob*>& jobs);
   void PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
                       const PullBounds& bounds);
   // Ends a replica whose read did not succeed: aborted once nothing of the read can land any
@@ -212,6 +221,12 @@ class Agent {
   std::map<uint64_t, std::unique_ptr<PendingRelease>> releases_in_flight_;
   // Per-source work of Pulls with several sources (the first source runs on the Pull's thread).
   WorkerPool source_pool_{8};
+  // Early-answered Pulls still reading in the background; the agent waits for them at exit
+  // (stopping_pulls_ cuts them short).
+  std::mutex background_mu_;
+  std::condition_variable background_cv_;
+  int background_pulls_ = 0;
+  std::atomic<bool> stopping_pulls_{false};
   // Answered; freed by the next QueueRelease or at exit, never inside gRPC's callback.
   std::vector<std::unique_ptr<PendingRelease>> releases_answered_;
 };

@@ -1,0 +1,222 @@
+"""Task and actor arguments over the fabric (part of transparent mode).
+
+Ray resolves the ObjectRef arguments of a call itself: the executing node's raylet pulls them
+before the call runs, over Ray's own transfer. When the destination node of a call is known at
+submission, this hook asks THAT node to pull the call's top-level ObjectRef arguments through its
+rayfabric agent, then submits the call unchanged:
+
+  * an actor method call: the actor's node (from the GCS actor table, cached per actor);
+  * a task with NodeAffinitySchedulingStrategy: that node;
+  * a task with PlacementGroupSchedulingStrategy: the bundle's node (any bundle, if they all sit
+    on one node).
+
+The ask goes to the node's NodeAgent actor (the one that runs its rayfabricd), which pulls on its
+own node through the agent's local socket (Pull is never served to other hosts). Ray's own pull
+then finds the object sealed, or being created by the agent (Ray waits for that seal), or, if the
+agent failed, moves it itself: results and semantics stay Ray's in every case. An argument that
+does not exist yet is pulled as soon as it does, without delaying the call.
+
+Tasks without a known destination (default or SPREAD scheduling) are left to Ray: its
+locality-aware scheduling runs them where their arguments are (docs/agent.md, "Arguments").
+
+Off for one call site: `with rayfabric.args.paused(): actor.f.remote(ref)`."""
+import contextlib
+import logging
+import os
+import threading
+import time
+
+import ray
+
+from rayfabric import _agents, api
+
+log = logging.getLogger("rayfabric")
+
+_CACHE_S = 30.0  # an actor's or a placement group's node, and a node's NodeAgent handle
+# How long a call waits for the destination to claim its existing arguments (0: never waits; the
+# prefetch then races Ray's own pull, which it loses almost always: docs/agent.md).
+CLAIM_WAIT_S = float(os.environ.get("RAYFABRIC_ARGS_CLAIM_WAIT_S", "2"))
+_lock = threading.Lock()
+_installed = {}
+_paused = threading.local()
+_actor_nodes = {}  # actor id hex -> (node hex or None, when looked up)
+_pg_nodes = {}     # placement group id hex -> ({bundle index: node hex}, when looked up)
+_node_agents = {}  # node hex -> (NodeAgent handle, when looked up)
+
+
+@contextlib.contextmanager
+def paused():
+    """No argument prefetch for calls submitted in this block (this thread)."""
+    before = getattr(_paused, "on", False)
+    _paused.on = True
+    try:
+        yield
+    finally:
+        _paused.on = before
+
+
+def _count(key, n=1):
+    with api._lock:
+        api._stats[key] = api._stats.get(key, 0) + n
+
+
+def _cached(table, key, lookup):
+    now = time.monotonic()
+    with _lock:
+        hit = table.get(key)
+    if hit is not None and now - hit[1] < _CACHE_S:
+        return hit[0]
+    value = lookup()
+    with _lock:
+        table[key] = (value, now)
+    return value
+
+
+def _actor_node(handle):
+    actor_hex = handle._actor_id.hex()
+
+    def lookup():
+        info = ray._private.state.actors(actor_id=actor_hex) or {}
+        if info.get("State") != "ALIVE":
+            return None  # not placed yet (or restarting): do not cache a guess for long
+        return (info.get("Address") or {}).get("NodeID") or None
+    node = _cached(_actor_nodes, actor_hex, lookup)
+    if node is None:
+        with _lock:
+            _actor_nodes.pop(actor_hex, None)  # look again at the next call
+    return node
+
+
+def _task_node(options):
+    strategy = options.get("scheduling_strategy")
+    if strategy is None:
+        return None
+    node_id = getattr(strategy, "node_id", None)
+    if node_id is not None and hasattr(strategy, "soft"):
+        return node_id  # NodeAffinitySchedulingStrategy (soft: where it will run unless that node is gone)
+    pg = getattr(strategy, "placement_group", None)
+    if pg is None:
+        return None
+    index = getattr(strategy, "placement_group_bundle_index", -1)
+
+    def lookup():
+        table = ray.util.placement_group_table(pg) or {}
+        return {int(k): v for k, v in (table.get("bundles_to_node_id") or {}).items()}
+    bundles = _cached(_pg_nodes, pg.id.hex(), lookup)
+    if not bundles:
+        with _lock:
+            _pg_nodes.pop(pg.id.hex(), None)  # not placed yet
+        return None
+    if index is not None and index >= 0:
+        return bundles.get(index)
+    nodes = set(bundles.values())
+    return nodes.pop() if len(nodes) == 1 else None
+
+
+def _node_agent(node_hex):
+    def lookup():
+        try:
+            return _agents.actor_of(node_hex)
+        except ValueError:
+            return None
+    agent = _cached(_node_agents, node_hex, lookup)
+    if agent is None:
+        with _lock:
+            _node_agents.pop(node_hex, None)
+    return agent
+
+
+def _refs_of(args, kwargs):
+    return [a for a in list(args or ()) + list((kwargs or {}).values()) if isinstance(a, ray.ObjectRef)]
+
+
+def _prefetch_to(node_hex, refs):
+    """Asks `node_hex` to pull `refs`; never waits for it."""
+    if node_hex is None:
+        _count("args_no_destination", len(refs))
+        return
+    agent = _node_agent(node_hex)
+    if agent is None:
+        _count("args_no_agent", len(refs))
+        return
+    # Arguments that exist: the call waits (at most CLAIM_WAIT_S) until the destination's agent
+    # has claimed them, so that Ray's own pull, which starts when the call arrives, finds the
+    # replica being created and waits for it instead of racing it. Arguments still being computed:
+    # asked for without waiting (pulled when they exist; the call is not delayed).
+    ready, pending = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+    if ready:
+        # Only what is worth a pull (as rayfabric.get decides): not on the destination already,
+        # not tiny; a call with nothing of the kind pays no round trip.
+        core_worker = ray._private.worker.global_worker.core_worker
+        locations = api._locations(core_worker, ready)
+        worth = [r for r in ready if node_hex not in (locations.get(r) or {}).get("node_ids", [node_hex])
+                 and (locations.get(r) or {}).get("object_size", 0) >= api.MIN_OBJECT_BYTES]
+        if sum(locations[r]["object_size"] for r in worth) < api.MIN_PULL_BYTES:
+            worth = []
+        _count("args_not_worth_a_pull", len(ready) - len(worth))
+        ready = worth
+    # (In a list, so that Ray hands the refs over as they are, not their values.)
+    if ready and CLAIM_WAIT_S > 0:
+        try:
+            ray.get(agent.prefetch.remote([ready], True), timeout=CLAIM_WAIT_S)
+            _count("args_claim_waited", len(ready))
+        except Exception as e:  # noqa: BLE001 - a slow or dead NodeAgent: the call goes on
+            _count("args_claim_timeouts", len(ready))
+            log.debug("rayfabric: claim of %d arguments did not answer: %s", len(ready), e)
+    elif ready:
+        pending, ready = pending + ready, []
+    if pending:
+        agent.prefetch.remote([pending])
+    _count("args_prefetch_asked", len(ready) + len(pending))
+
+
+def _guarded(kind, find_node, args, kwargs):
+    if getattr(_paused, "on", False):
+        return
+    try:
+        refs = _refs_of(args, kwargs)
+        if refs:  # (most calls have none: no lookup at all then)
+            _prefetch_to(find_node(), refs)
+    except Exception as e:  # noqa: BLE001 - never break a call
+        api._fallback(f"argument prefetch for {kind} failed: {type(e).__name__}: {e}")
+
+
+def install():
+    """Hooks actor method calls and task submission in this process (idempotent)."""
+    from ray.actor import ActorHandle
+    from ray.remote_function import RemoteFunction
+    with _lock:
+        if _installed:
+            return True
+        actor_call = ActorHandle._actor_method_call
+        task_remote = RemoteFunction._remote
+        _installed.update(actor=actor_call, task=task_remote)
+
+    def _actor_method_call(self, method_name, args=None, kwargs=None, *rest, **options):
+        if method_name != "__ray_terminate__":
+            _guarded("an actor call", lambda: _actor_node(self), args, kwargs)
+        return actor_call(self, method_name, args, kwargs, *rest, **options)
+
+    def _remote(self, args=None, kwargs=None, **task_options):
+        merged = dict(getattr(self, "_default_options", {}) or {})
+        merged.update(task_options)
+        _guarded("a task", lambda: _task_node(merged), args, kwargs)
+        return task_remote(self, args, kwargs, **task_options)
+
+    ActorHandle._actor_method_call = _actor_method_call
+    RemoteFunction._remote = _remote
+    return True
+
+
+def uninstall():
+    from ray.actor import ActorHandle
+    from ray.remote_function import RemoteFunction
+    with _lock:
+        if not _installed:
+            return
+        ActorHandle._actor_method_call = _installed.pop("actor")
+        RemoteFunction._remote = _installed.pop("task")
+
+
+def installed():
+    return bool(_installed)

@@ -1,0 +1,228 @@
+"""rayfabric bench-args: call arguments moved by Ray alone vs with rayfabric.args, same cluster,
+same run, rounds alternating, bytes verified.
+
+  python3 -m rayfabric bench-args [--address ADDR] [--steps 8] [--batch-mib 16] [--blocks 48]
+                                  [--block-mib 8] [--rounds 2] [--json F]
+
+Cases (an embedded 3-node ray.cluster_utils.Cluster unless --address; nodes get resources
+"rollout", "learner" and "mapper"):
+  rl   4 rollout actors on one node each return a batch per step; a learner actor on another node
+       takes them all: learner.update.remote(*batch_refs), `--steps` steps (an RL-shaped loop).
+  map  `--blocks` blocks made on one node, one task per block pinned to another node
+       (NodeAffinitySchedulingStrategy): a map over blocks whose destination is known.
+Per case and path: seconds, GB/s of argument bytes, and (rayfabric) what the destination's agent
+did with each argument: pulled it (won the race with Ray's own pull), stood aside (Ray's pull was
+first), found it local."""
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import ray
+
+MiB = 1 << 20
+
+
+def digest(a):
+    return hashlib.sha256(memoryview(a).cast("B")).hexdigest()
+
+
+@ray.remote(num_cpus=0)
+class Rollout:
+    def batch(self, nbytes, seed):
+        return np.random.default_rng(seed).integers(0, 256, size=nbytes, dtype=np.uint8)
+
+
+@ray.remote(num_cpus=0)
+class Learner:
+    def update(self, *batches):
+        return [digest(b) for b in batches]
+
+    def ping(self):
+        return True
+
+
+@ray.remote(num_cpus=0)
+def block(nbytes, seed):
+    return np.random.default_rng(seed).integers(0, 256, size=nbytes, dtype=np.uint8)
+
+
+@ray.remote(num_cpus=0)
+def consume(b):
+    return digest(b)
+
+
+@ray.remote(num_cpus=1)
+def consume_where(b):
+    """A default-scheduled task (no destination known at submission): where did it run?"""
+    return digest(b), ray.get_runtime_context().get_node_id()
+
+
+def expected(nbytes, seed):
+    return digest(np.random.default_rng(seed).integers(0, 256, size=nbytes, dtype=np.uint8))
+
+
+def node_of(resource):
+    return next(n["NodeID"] for n in ray.nodes() if n["Alive"] and resource in n["Resources"])
+
+
+def prefetch_outcomes(node_hex):
+    from rayfabric import _agents
+    s = ray.get(_agents.actor_of(node_hex).prefetch_stats.remote(), timeout=60)
+    return {k: s[k] for k in ("objects_pulled", "stood_aside", "already_local", "already_here", "claimed", "fallbacks",
+                              "ray_path_small")}
+
+
+def delta(a, b):
+    return {k: b[k] - a[k] for k in a}
+
+
+def run_rl(steps, batch_bytes, seed0, use_fabric):
+    from rayfabric import args
+    rollouts = [Rollout.options(resources={"rollout": 0.01}).remote() for _ in range(4)]
+    learner = Learner.options(resources={"learner": 0.01}).remote()
+    ray.get(learner.ping.remote())
+    ray.get([r.batch.remote(1, 0) for r in rollouts])
+    want, got = [], []
+    t0 = time.perf_counter()
+    for step in range(steps):
+        seeds = [seed0 + step * 4 + i for i in range(4)]
+        refs = [r.batch.remote(batch_bytes, s) for r, s in zip(rollouts, seeds)]
+        if use_fabric:
+            got.append(learner.update.remote(*refs))
+        else:
+            with args.paused():
+                got.append(learner.update.remote(*refs))
+        want.append(seeds)
+    results = ray.get(got)
+    seconds = time.perf_counter() - t0
+    ok = all(r == [expected(batch_bytes, s) for s in seeds] for r, seeds in zip(results, want))
+    for a in rollouts + [learner]:
+        ray.kill(a)
+    return seconds, ok, steps * 4 * batch_bytes
+
+
+def run_map(blocks, block_bytes, seed0, use_fabric):
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    from rayfabric import args
+    mapper = node_of("mapper")
+    refs = [block.options(resources={"rollout": 0.01}).remote(block_bytes, seed0 + i) for i in range(blocks)]
+    ray.wait(refs, num_returns=len(refs), fetch_local=False)
+    t0 = time.perf_counter()
+    task = consume.options(scheduling_strategy=NodeAffinitySchedulingStrategy(mapper, soft=False))
+    if use_fabric:
+        outs = [task.remote(r) for r in refs]
+    else:
+        with args.paused():
+            outs = [task.remote(r) for r in refs]
+    results = ray.get(outs)
+    seconds = time.perf_counter() - t0
+    ok = results == [expected(block_bytes, seed0 + i) for i in range(blocks)]
+    return seconds, ok, blocks * block_bytes
+
+
+def run_default(blocks, block_bytes, seed0):
+    """Tasks with default scheduling taking one block each (blocks made on the rollout node): how
+    many Ray's locality-aware scheduling ran where their block was (nothing to move then)."""
+    source = node_of("rollout")
+    refs = [block.options(resources={"rollout": 0.01}).remote(block_bytes, seed0 + i) for i in range(blocks)]
+    ray.wait(refs, num_returns=len(refs), fetch_local=False)
+    t0 = time.perf_counter()
+    results = ray.get([consume_where.remote(r) for r in refs])
+    seconds = time.perf_counter() - t0
+    ok = [d for d, _ in results] == [expected(block_bytes, seed0 + i) for i in range(blocks)]
+    local = sum(1 for _, node in results if node == source)
+    return seconds, ok, blocks * block_bytes, local
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="rayfabric bench-args", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--address")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--batch-mib", type=int, default=16)
+    p.add_argument("--blocks", type=int, default=48)
+    p.add_argument("--block-mib", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--cases", default="rl,map,default")
+    p.add_argument("--json")
+    a = p.parse_args(argv)
+    import rayfabric
+    from rayfabric import transparent
+    cluster = None
+    env = transparent.runtime_env()
+    if a.address:
+        ray.init(address=a.address, logging_level="ERROR", runtime_env=env)
+    else:
+        from ray.cluster_utils import Cluster
+        os.environ["RAYFABRIC_BIN_DIR"] = rayfabric.bin_dir()
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "resources": {"rollout": 100}, "object_store_memory": 1024 * MiB,
+            "include_dashboard": False})
+        cluster.add_node(num_cpus=1, resources={"learner": 100}, object_store_memory=1024 * MiB)
+        cluster.add_node(num_cpus=1, resources={"mapper": 100}, object_store_memory=1024 * MiB)
+        ray.init(address=cluster.address, logging_level="ERROR", runtime_env=env)
+        cluster.wait_for_nodes()
+    rayfabric.init(watch_new_nodes=False)
+    transparent.enable()
+    rows = []
+    try:
+        cases = a.cases.split(",")
+        dest = {"rl": node_of("learner"), "map": node_of("mapper"), "default": node_of("mapper")}
+        for rnd in range(a.rounds):
+            for case in cases:
+                if case == "default":
+                    seconds, ok, nbytes, local = run_default(a.blocks, a.block_mib * MiB, 7000 + 100 * rnd)
+                    rows.append({"case": case, "path": "ray", "round": rnd, "seconds": seconds, "ok": ok,
+                                 "bytes": nbytes, "gbps": nbytes / seconds / 1e9, "ran_where_the_block_was": local,
+                                 "tasks": a.blocks})
+                    print(f"default   (Ray only) round {rnd}: {seconds:7.3f} s; {local}/{a.blocks} tasks ran on "
+                          f"the node holding their block", flush=True)
+                    continue
+                for path in ("ray", "rayfabric"):
+                    use = path == "rayfabric"
+                    before = prefetch_outcomes(dest[case])
+                    seed0 = 1000 * (rnd + 1) + (500 if use else 0)
+                    if case == "rl":
+                        seconds, ok, nbytes = run_rl(a.steps, a.batch_mib * MiB, seed0, use)
+                    else:
+                        seconds, ok, nbytes = run_map(a.blocks, a.block_mib * MiB, seed0, use)
+                    time.sleep(1.0)  # let the prefetches that lost report
+                    row = {"case": case, "path": path, "round": rnd, "seconds": seconds, "ok": ok,
+                           "bytes": nbytes, "gbps": nbytes / seconds / 1e9,
+                           "outcomes": delta(before, prefetch_outcomes(dest[case]))}
+                    rows.append(row)
+                    print(f"{case:4s} {path:9s} round {rnd}: {seconds:7.3f} s {row['gbps']:6.3f} GB/s "
+                          f"verified={ok} agent: {row['outcomes']}", flush=True)
+    finally:
+        transparent.disable()
+        rayfabric.shutdown()
+        ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+    print()
+    # won: the destination's agent moved the argument (claimed before the call, or pulled first);
+    # lost: Ray's own pull was first (the agent stood aside, or found it created or already here).
+    print(f"{'case':5s} {'Ray s':>8s} {'rf s':>8s} {'rf/Ray':>7s} {'won':>5s} {'lost':>5s}")
+    for case in a.cases.split(","):
+        if case == "default":
+            continue
+        ray_s = [r["seconds"] for r in rows if r["case"] == case and r["path"] == "ray"]
+        rf = [r for r in rows if r["case"] == case and r["path"] == "rayfabric"]
+        rf_s = [r["seconds"] for r in rf]
+        won = sum(r["outcomes"]["objects_pulled"] + r["outcomes"]["claimed"] for r in rf)
+        lost = sum(r["outcomes"]["stood_aside"] + r["outcomes"]["already_local"] + r["outcomes"]["already_here"]
+                   for r in rf)
+        mean_ray, mean_rf = sum(ray_s) / len(ray_s), sum(rf_s) / len(rf_s)
+        print(f"{case:5s} {mean_ray:8.3f} {mean_rf:8.3f} {mean_ray / mean_rf:7.2f} {won:5d} {lost:5d}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"args": vars(a), "rows": rows}, f, indent=1)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
