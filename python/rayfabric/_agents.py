@@ -121,7 +121,7 @@ class NodeAgent:
         self.record["alive"] = self.proc.poll() is None
         return self.record
 
-    def prefetch(self, wrapped_refs, claim=False):
+    def prefetch(self, wrapped_refs, claim=False, claim_wait_s=2.0):
         """Pulls call arguments bound for this node into its store by the fabric (rayfabric.args).
         claim=False: in the background, as soon as each exists; returns at once. claim=True (the
         arguments exist): returns once this node's agent has claimed them (their replicas are
@@ -131,7 +131,9 @@ class NodeAgent:
         refs = wrapped_refs[0]
         if claim:
             try:
-                api.prefetch(refs, timeout=api.PULL_TIMEOUT_S, claim=True)
+                # Answered within claim_wait_s (what is not claimed by then is left to race Ray's
+                # pull); the reads themselves have the usual timeout.
+                api.prefetch(refs, timeout=api.PULL_TIMEOUT_S, claim=True, answer_within_s=claim_wait_s)
             except Exception as e:  # noqa: BLE001 - counted; Ray's own pull delivers
                 api._fallback(f"argument prefetch failed: {type(e).__name__}: {e}", len(refs))
             return len(refs)
@@ -190,6 +192,8 @@ def start_on(node_hex, provider=None, env=None):
     """Starts (or finds) the agent actor of one node; returns its record (address, provider...)."""
     actor = NodeAgent.options(
         name=actor_name(node_hex), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+        # Claims of call arguments (rayfabric.args) from many callers at once, each bounded.
+        max_concurrency=16,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_hex, soft=False),
         runtime_env={"env_vars": _worker_env()}).remote(node_hex, provider, env)
     return ray.get(actor.info.remote(), timeout=120)

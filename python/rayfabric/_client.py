@@ -64,13 +64,17 @@ class AgentClient:
         refs = [pb.LeaseRef(lease_id=i, token=t) for i, t in leases]
         return self._release(pb.ReleaseRequest(protocol_version=PROTOCOL, leases=refs), timeout=timeout)
 
-    def pull(self, items, timeout_s, answer_when_claimed=False):
+    def pull(self, items, timeout_s, answer_when_claimed=False, answer_within_s=None):
         """items: list of pb.PullItem. The agent bounds its own work by timeout_s; the RPC gets a
         few seconds more so that its answer (with per-object errors) arrives. answer_when_claimed:
-        the answer comes once every object is claimed (CLAIMED), the reads go on."""
+        the answer comes once every object is claimed (CLAIMED), the reads go on; answer_within_s
+        bounds that answer (what is not claimed by then is reported TIMED_OUT, and goes on)."""
         req = pb.PullRequest(protocol_version=PROTOCOL, items=items, timeout_ms=int(timeout_s * 1000),
                              answer_when_claimed=answer_when_claimed)
-        return self._pull(req, timeout=timeout_s + 10)
+        rpc_timeout = timeout_s + 10
+        if answer_when_claimed and answer_within_s is not None:
+            rpc_timeout = answer_within_s
+        return self._pull(req, timeout=rpc_timeout)
 
     def status(self, timeout=10):
         return self._status(pb.StatusRequest(protocol_version=PROTOCOL), timeout=timeout)

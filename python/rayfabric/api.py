@@ -153,7 +153,7 @@ def _locations(core_worker, refs, get_locations=None):
     return out
 
 
-def _pull(refs, timeout, claim=False):
+def _pull(refs, timeout, claim=False, answer_within_s=None):
     """Pulls by the fabric what is in another node's plasma; returns nothing, counts everything.
     Never raises for a transfer problem: whatever did not arrive is left to Ray's path. claim:
     return once the agent has claimed the objects (created their replicas); the reads go on."""
@@ -219,7 +219,8 @@ def _pull(refs, timeout, claim=False):
         # This node's agent serves Pull on its local socket only.
         local_address = "unix:" + local["local_socket"]
         try:
-            reply = _client(local_address).pull(items, left, answer_when_claimed=claim)
+            reply = _client(local_address).pull(items, left, answer_when_claimed=claim,
+                                                answer_within_s=answer_within_s)
         except Exception as e:  # noqa: BLE001 - agent dead/unreachable: Ray's path
             code = e.code().name if hasattr(e, "code") else type(e).__name__
             _fallback(f"local agent at {local_address} did not answer ({code})", len(items))
@@ -262,12 +263,12 @@ def _pull(refs, timeout, claim=False):
             return
 
 
-def prefetch(refs, timeout=None, claim=False):
+def prefetch(refs, timeout=None, claim=False, answer_within_s=None):
     """Moves remote plasma objects into this node's store by the fabric; does not ray.get them.
     claim=True: returns once this node's agent has claimed them (created their replicas, so that
     Ray's own pull waits for the agent's); the reads go on."""
     single = isinstance(refs, ray.ObjectRef)
-    _pull([refs] if single else list(refs), timeout, claim)
+    _pull([refs] if single else list(refs), timeout, claim, answer_within_s)
 
 
 def get(refs, timeout=None):

@@ -127,7 +127,24 @@ def _node_agent(node_hex):
 
 
 def _refs_of(args, kwargs):
-    return [a for a in list(args or ()) + list((kwargs or {}).values()) if isinstance(a, ray.ObjectRef)]
+    """The distinct top-level ObjectRef arguments, in order."""
+    refs = [a for a in list(args or ()) + list((kwargs or {}).values()) if isinstance(a, ray.ObjectRef)]
+    return list(dict.fromkeys(refs))
+
+
+def _may_block():
+    """False in an asyncio event loop (an async actor, a Serve router): a call submitted there must
+    not wait for a claim."""
+    import asyncio
+    try:
+        asyncio.get_running_loop()
+        return False
+    except RuntimeError:
+        pass
+    try:
+        return not ray._private.worker.global_worker.core_worker.current_actor_is_asyncio()
+    except Exception:  # noqa: BLE001 - not in an actor, or a Ray without it
+        return True
 
 
 def _prefetch_to(node_hex, refs):
@@ -156,9 +173,10 @@ def _prefetch_to(node_hex, refs):
         _count("args_not_worth_a_pull", len(ready) - len(worth))
         ready = worth
     # (In a list, so that Ray hands the refs over as they are, not their values.)
-    if ready and CLAIM_WAIT_S > 0:
+    if ready and CLAIM_WAIT_S > 0 and _may_block():
         try:
-            ray.get(agent.prefetch.remote([ready], True), timeout=CLAIM_WAIT_S)
+            # Ray's own get (transparent mode's would try to pull the reply).
+            api._ray_get(agent.prefetch.remote([ready], True, CLAIM_WAIT_S), timeout=CLAIM_WAIT_S + 1)
             _count("args_claim_waited", len(ready))
         except Exception as e:  # noqa: BLE001 - a slow or dead NodeAgent: the call goes on
             _count("args_claim_timeouts", len(ready))

@@ -10,6 +10,9 @@ Cases (an embedded 3-node ray.cluster_utils.Cluster unless --address; nodes get 
        takes them all: learner.update.remote(*batch_refs), `--steps` steps (an RL-shaped loop).
   map  `--blocks` blocks made on one node, one task per block pinned to another node
        (NodeAffinitySchedulingStrategy): a map over blocks whose destination is known.
+  actor  the same blocks, each passed to one call of an actor on another node (ready arguments).
+  pg   the same blocks, tasks in a placement group bundle on another node.
+  default  the same blocks, default-scheduled tasks (Ray only: where did they run?).
 Per case and path: seconds, GB/s of argument bytes, and (rayfabric) what the destination's agent
 did with each argument: pulled it (won the race with Ray's own pull), stood aside (Ray's pull was
 first), found it local."""
@@ -105,21 +108,39 @@ def run_rl(steps, batch_bytes, seed0, use_fabric):
     return seconds, ok, steps * 4 * batch_bytes
 
 
-def run_map(blocks, block_bytes, seed0, use_fabric):
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+def run_map(blocks, block_bytes, seed0, use_fabric, kind="map"):
+    """One call per ready block, bound for the mapper node: a pinned task ("map"), a call of an
+    actor there ("actor"), or a task in a placement group bundle there ("pg")."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
     from rayfabric import args
     mapper = node_of("mapper")
     refs = [block.options(resources={"rollout": 0.01}).remote(block_bytes, seed0 + i) for i in range(blocks)]
     ray.wait(refs, num_returns=len(refs), fetch_local=False)
+    pg = actor = None
+    if kind == "actor":
+        actor = Learner.options(resources={"mapper": 0.01}).remote()
+        ray.get(actor.ping.remote())
+        submit = actor.update.remote
+    elif kind == "pg":
+        pg = ray.util.placement_group([{"mapper": 1}])
+        ray.get(pg.ready())
+        submit = consume.options(resources={"mapper": 0.01},
+                                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0)).remote
+    else:
+        submit = consume.options(scheduling_strategy=NodeAffinitySchedulingStrategy(mapper, soft=False)).remote
     t0 = time.perf_counter()
-    task = consume.options(scheduling_strategy=NodeAffinitySchedulingStrategy(mapper, soft=False))
     if use_fabric:
-        outs = [task.remote(r) for r in refs]
+        outs = [submit(r) for r in refs]
     else:
         with args.paused():
-            outs = [task.remote(r) for r in refs]
+            outs = [submit(r) for r in refs]
     results = ray.get(outs)
     seconds = time.perf_counter() - t0
+    if kind == "actor":
+        results = [r[0] for r in results]
+        ray.kill(actor)
+    if pg is not None:
+        ray.util.remove_placement_group(pg)
     ok = results == [expected(block_bytes, seed0 + i) for i in range(blocks)]
     return seconds, ok, blocks * block_bytes
 
@@ -147,7 +168,7 @@ def main(argv=None):
     p.add_argument("--blocks", type=int, default=48)
     p.add_argument("--block-mib", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--cases", default="rl,map,default")
+    p.add_argument("--cases", default="rl,map,actor,pg,default")
     p.add_argument("--json")
     a = p.parse_args(argv)
     import rayfabric
@@ -171,7 +192,8 @@ def main(argv=None):
     rows = []
     try:
         cases = a.cases.split(",")
-        dest = {"rl": node_of("learner"), "map": node_of("mapper"), "default": node_of("mapper")}
+        dest = {"rl": node_of("learner"), "map": node_of("mapper"), "actor": node_of("mapper"),
+                "pg": node_of("mapper"), "default": node_of("mapper")}
         for rnd in range(a.rounds):
             for case in cases:
                 if case == "default":
@@ -189,7 +211,7 @@ def main(argv=None):
                     if case == "rl":
                         seconds, ok, nbytes = run_rl(a.steps, a.batch_mib * MiB, seed0, use)
                     else:
-                        seconds, ok, nbytes = run_map(a.blocks, a.block_mib * MiB, seed0, use)
+                        seconds, ok, nbytes = run_map(a.blocks, a.block_mib * MiB, seed0, use, case)
                     time.sleep(1.0)  # let the prefetches that lost report
                     row = {"case": case, "path": path, "round": rnd, "seconds": seconds, "ok": ok,
                            "bytes": nbytes, "gbps": nbytes / seconds / 1e9,

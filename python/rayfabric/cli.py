@@ -6,7 +6,7 @@
     rayfabric demo   [--size-mb N] [--provider P]      README's main job (its own local cluster)
     rayfabric doctor [--json] ...                      what this node's fabric can do
     rayfabric bench  ...                               Ray vs rayfabric, side by side
-    rayfabric bench-args ...                           call arguments: Ray alone vs rayfabric.args
+    rayfabric bench-args ... (or bench --args)         call arguments: Ray alone vs rayfabric.args
 
 start is idempotent: run it again after nodes join (agents that run are kept)."""
 import argparse
@@ -70,6 +70,9 @@ def main(argv=None):
         if argv[0] == "doctor":
             from rayfabric import doctor
             return doctor.main(rest)
+        if "--args" in rest:  # `rayfabric bench --args ...`: the call-argument cases
+            from rayfabric import bench_args
+            return bench_args.main([x for x in rest if x != "--args"])
         from rayfabric import bench
         return bench.main(rest)
     a = p.parse_args(argv)

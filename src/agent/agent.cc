@@ -8,6 +8,7 @@
 #include <limits>
 #include <optional>
 #include <set>
+#include <system_error>
 
 #include "rayfabric/hex.h"
 #include "rayfabric/log.h"
@@ -47,6 +48,10 @@ void SetError(v1::PullResult& r, const Status& s) {
 constexpr auto kLeaseMargin = std::chrono::seconds(2);
 // How often a pull looks whether its caller went away.
 constexpr auto kCancelPoll = std::chrono::milliseconds(100);
+// Early-answered Pulls (answer_when_claimed) reading in the background at once, at most.
+constexpr int kMaxBackgroundPulls = 64;
+// An early answer leaves the caller's deadline this much time to travel.
+constexpr auto kReplyMargin = std::chrono::milliseconds(250);
 
 // Runs one asynchronous unary call (`start` hands gRPC its completion callback) and waits for it,
 // cancelling it if the pull's caller goes away or its deadline passes.
@@ -740,10 +745,14 @@ class Agent::ClaimWatch {
     finished_ = true;
     cv_.notify_all();
   }
-  // What is known when every item is settled, the pull ended, or `deadline` passed.
-  v1::PullReply Wait(Clock::time_point deadline) {
+  // What is known when every item is settled, the pull ended, `deadline` passed, or the caller
+  // went away.
+  v1::PullReply Wait(Clock::time_point deadline, const std::function<bool()>& cancelled) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_until(lock, deadline, [&] { return finished_ || count_ == results_.size(); });
+    auto settled = [&] { return finished_ || count_ == results_.size(); };
+    while (!settled() && Clock::now() < deadline && !(cancelled && cancelled())) {
+      cv_.wait_until(lock, std::min(deadline, Clock::now() + kCancelPoll), settled);
+    }
     v1::PullReply reply;
     for (size_t i = 0; i < results_.size(); ++i) {
       v1::PullResult* r = reply.add_results();
@@ -798,17 +807,35 @@ v1::PullReply Agent::Pull(const v1::PullRequest& request, Clock::time_point call
       }
       return reply;
     }
+    if (background_pulls_ >= kMaxBackgroundPulls) {
+      // Bounded like the gRPC handler threads it stands in for: past the bound, answered when
+      // done.
+      return RunPull(request, caller_deadline, std::move(cancelled), nullptr);
+    }
     ++background_pulls_;
   }
-  std::thread([this, copy, watch, deadline] {
-    (void)RunPull(
-        *copy, deadline, [this] { return stopping_pulls_.load(); }, watch.get());
-    watch->Finish();
+  auto ended = [this] {
     std::lock_guard<std::mutex> lock(background_mu_);
     --background_pulls_;
     background_cv_.notify_all();
-  }).detach();
-  v1::PullReply reply = watch->Wait(std::min(caller_deadline, deadline));
+  };
+  try {
+    std::thread([this, copy, watch, deadline, ended] {
+      (void)RunPull(
+          *copy, deadline, [this] { return stopping_pulls_.load(); }, watch.get());
+      watch->Finish();
+      ended();
+    }).detach();
+  } catch (const std::system_error& e) {
+    ended();
+    RF_LOG(kWarn, "no thread for an early-answered pull (" << e.what() << "): answered when done");
+    return RunPull(request, caller_deadline, std::move(cancelled), nullptr);
+  }
+  // Answered a moment before the caller's own deadline, so that the answer reaches it.
+  const auto answer_by = caller_deadline - deadline > kReplyMargin
+                             ? deadline
+                             : std::min(deadline, caller_deadline - kReplyMargin);
+  v1::PullReply reply = watch->Wait(answer_by, cancelled);
   reply.set_provider(fabrics_.front().provider());
   return reply;
 }
@@ -1009,6 +1036,7 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
       if (!AnsweredLocal(*job, *store)) SetError(*job->result, leased_status);
     }
     RecordLink(source, lease_reply, nullptr, jobs);
+    Settle(bounds, jobs);
     return;
   }
   // The source answered on the best fabric both nodes speak; its address names the provider, and

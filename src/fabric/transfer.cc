@@ -191,8 +191,15 @@ Result<Transfer> EngineCore::StartRange(RmaOp op, PeerId peer,
       auto part = Start(op, peer, r.region, slice, {{at, static_cast<size_t>(n), r.offset + done}});
       if (!part.ok()) {
         if (parts.empty()) return part.status();  // nothing posted
-        // What was posted already is cancelled (and drained by the usual rules): the caller gets
-        // a transfer that fails, and treats it as any failed one.
+        // What was posted already is cancelled (and drained by the usual rules); a part that
+        // stands for the one that could not start carries the failure, so that the joined
+        // transfer fails even when every posted part had already finished (its bytes are not
+        // the whole range).
+        auto missing = std::make_shared<TransferState>();
+        missing->what = std::string(verb) + " of a later part of the range";
+        missing->Finish(part.status().WithContext("a later part of the range could not start"),
+                        true);
+        parts.emplace_back(missing);
         Transfer started = Transfer::Join(parts);
         started.Cancel("a later part of the range could not start: " + part.status().message());
         return started;

@@ -367,6 +367,33 @@ TEST_F(FabricProcessTest, RangeAcrossSlicesOnBothSidesMovesEveryByte) {
   EXPECT_NE(refused.status().message().find("max_registration"), std::string::npos);
 }
 
+// A range whose later part cannot start (here: its local slice was not registered to be read
+// into) fails as a whole, even when the part already posted finished: its bytes are not the whole
+// range, and a caller that sealed them would seal stale memory.
+TEST_F(FabricProcessTest, ARangeWhoseLaterPartCannotStartFails) {
+  constexpr size_t kMiB = 1 << 20;
+  auto e = OpenEngine({{"max_registration", "1M"}});
+  ASSERT_NE(e, nullptr);
+  auto peer = StartPeer(2 * kMiB, 33);
+  ASSERT_TRUE(peer->ready());
+  auto id = e->AddPeer(peer->address());
+  ASSERT_TRUE(id.ok()) << id.status();
+  Buffer local(2 * kMiB);
+  fabric::RegisteredRange range;
+  auto readable = e->Register(local.data(), kMiB, fabric::kLocalRead, fabric::Sharing::kPrivate);
+  auto not_readable =
+      e->Register(local.data() + kMiB, kMiB, fabric::kRemoteRead, fabric::Sharing::kPrivate);
+  ASSERT_TRUE(readable.ok() && not_readable.ok());
+  range.slices = {*readable, *not_readable};
+  auto t = e->StartRange(RmaOp::kRead, *id, {{peer->region(), 0, 2 * kMiB}}, range, local.data(),
+                         2 * kMiB);
+  ASSERT_TRUE(t.ok()) << t.status();  // the first part was posted
+  const Status s = t->Wait();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("could not start"), std::string::npos) << s;
+  EXPECT_TRUE(t->Quiesced());
+}
+
 TEST(FabricAddressTest, RoundTripsAndRefusesTruncation) {
   fabric::FabricAddress a{"tcp;ofi_rxm", "192.0.2.0/24", "eth0", std::string("\x02\0\x1f\x90", 4)};
   auto back = fabric::FabricAddress::Parse(a.Serialize());
