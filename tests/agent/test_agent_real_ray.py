@@ -24,6 +24,7 @@ from rayfabric import agent_pb2 as pb
 from rayfabric._client import AgentClient, error_name
 
 from agent_front import AgentFront
+from ray_test_cluster import node_ids, on, use_this_checkout
 
 PROVIDERS = [p for p in os.environ.get("RAYFABRIC_TEST_PROVIDERS", "tcp;ofi_rxm,sockets").split(",") if p]
 MiB = 1 << 20
@@ -38,14 +39,7 @@ AGENT_ENV = {"RAYFABRIC_OP_TIMEOUT_MS": "8000", "RAYFABRIC_CREATE_TIMEOUT_MS": "
 
 @pytest.fixture(scope="module", params=PROVIDERS)
 def cluster(request):
-    pkg = os.path.join(os.path.dirname(rayfabric.__file__), "..")
-    # Workers import this module (the remote functions below) and the package.
-    here = os.path.dirname(os.path.abspath(__file__))
-    os.environ["PYTHONPATH"] = os.pathsep.join([os.path.abspath(pkg), here, os.environ.get("PYTHONPATH", "")])
-    os.environ["RAYFABRIC_BIN_DIR"] = rayfabric.bin_dir()
-    # A raylet starved for ~15 s on a loaded 2-core host is declared dead by default (5 missed
-    # 3 s health checks); give it ~60 s. Nodes removed by the tests leave gracefully at once.
-    os.environ.setdefault("RAY_health_check_failure_threshold", "20")
+    use_this_checkout()
     c = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 2, "resources": {"n0": 100}, "object_store_memory": 1536 * MiB, "include_dashboard": False})
     c.add_node(num_cpus=2, resources={"n1": 100}, object_store_memory=1536 * MiB)
@@ -55,19 +49,11 @@ def cluster(request):
     # Both exposures run: tcp gets its default (object: a key per lease), sockets the arena.
     env = dict(AGENT_ENV, **({"RAYFABRIC_EXPOSURE": "arena"} if request.param == "sockets" else {}))
     records = rayfabric.init(provider=request.param, env=env, watch_new_nodes=False)
-    nodes = {}
-    for n in ray.nodes():
-        for name in ("n0", "n1", "n2"):
-            if n["Alive"] and name in n["Resources"]:
-                nodes[name] = n["NodeID"]
+    nodes = node_ids(("n0", "n1", "n2"))
     yield {"cluster": c, "provider": request.param, "nodes": nodes, "records": records}
     rayfabric.shutdown()
     ray.shutdown()
     c.shutdown()
-
-
-def on(node, fn):
-    return fn.options(resources={node: 0.01})
 
 
 def digest_of(value):

@@ -8,7 +8,6 @@ aside because Ray's own pull was first, or found it local).
 Nodes: n0 (head, the driver's; the producers), n1 (the learner actor), n2 (pinned tasks), n3
 (a source that dies)."""
 import hashlib
-import os
 import time
 
 import numpy as np
@@ -20,16 +19,14 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 import rayfabric
 from rayfabric import _agents, args as rf_args, transparent
 
+from ray_test_cluster import node_ids, on, use_this_checkout
+
 MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    pkg = os.path.join(os.path.dirname(rayfabric.__file__), "..")
-    here = os.path.dirname(os.path.abspath(__file__))
-    os.environ["PYTHONPATH"] = os.pathsep.join([os.path.abspath(pkg), here, os.environ.get("PYTHONPATH", "")])
-    os.environ["RAYFABRIC_BIN_DIR"] = rayfabric.bin_dir()
-    os.environ.setdefault("RAY_health_check_failure_threshold", "20")
+    use_this_checkout()
     c = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 2, "resources": {"n0": 100}, "object_store_memory": 600 * MiB, "include_dashboard": False})
     nodes = {"n3": c.add_node(num_cpus=1, resources={"n3": 100}, object_store_memory=300 * MiB)}
@@ -38,11 +35,7 @@ def cluster():
     # Transparent mode in the driver and, through the job's runtime_env, in every worker.
     ray.init(address=c.address, logging_level="ERROR", runtime_env=transparent.runtime_env())
     c.wait_for_nodes()
-    ids = {}
-    for n in ray.nodes():
-        for name in ("n0", "n1", "n2", "n3"):
-            if n["Alive"] and name in n["Resources"]:
-                ids[name] = n["NodeID"]
+    ids = node_ids(("n0", "n1", "n2", "n3"))
     rayfabric.init(watch_new_nodes=False)
     transparent.enable()
     yield {"cluster": c, "nodes": ids, "n3": nodes["n3"]}
@@ -50,10 +43,6 @@ def cluster():
     rayfabric.shutdown()
     ray.shutdown()
     c.shutdown()
-
-
-def on(node, fn):
-    return fn.options(resources={node: 0.01})
 
 
 def make(nbytes, seed):

@@ -10,7 +10,6 @@ Every cross-node get must return the right bytes; each pair must use the best pr
 (n0<->n1 tcp, n2<->anyone sockets, as the agents' per-peer status says); n3 goes Ray's path at once
 with the reason; no get waits on a transfer that cannot happen."""
 import hashlib
-import os
 import time
 
 import numpy as np
@@ -22,6 +21,8 @@ import rayfabric
 from rayfabric import _agents
 from rayfabric import agent_pb2 as pb
 from rayfabric._client import AgentClient, error_name
+
+from ray_test_cluster import node_ids, on, use_this_checkout
 
 MiB = 1 << 20
 NODES = ("n0", "n1", "n2", "n3")
@@ -39,32 +40,20 @@ NO_WAIT_S = 30
 
 @pytest.fixture(scope="module")
 def cluster():
-    pkg = os.path.join(os.path.dirname(rayfabric.__file__), "..")
-    here = os.path.dirname(os.path.abspath(__file__))
-    os.environ["PYTHONPATH"] = os.pathsep.join([os.path.abspath(pkg), here, os.environ.get("PYTHONPATH", "")])
-    os.environ["RAYFABRIC_BIN_DIR"] = rayfabric.bin_dir()
-    os.environ.setdefault("RAY_health_check_failure_threshold", "20")
+    use_this_checkout()
     c = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "resources": {"n0": 100}, "object_store_memory": 400 * MiB, "include_dashboard": False})
     for name in NODES[1:]:
         c.add_node(num_cpus=1, resources={name: 100}, object_store_memory=400 * MiB)
     ray.init(address=c.address, logging_level="ERROR")
     c.wait_for_nodes()
-    nodes = {}
-    for n in ray.nodes():
-        for name in NODES:
-            if n["Alive"] and name in n["Resources"]:
-                nodes[name] = n["NodeID"]
+    nodes = node_ids(NODES)
     records = rayfabric.init(env=AGENT_ENV, node_env={nodes[k]: v for k, v in NODE_ENV.items()},
                              watch_new_nodes=False)
     yield {"nodes": nodes, "records": records}
     rayfabric.shutdown()
     ray.shutdown()
     c.shutdown()
-
-
-def on(node, fn):
-    return fn.options(resources={node: 0.01})
 
 
 @ray.remote(num_cpus=0)

@@ -29,6 +29,7 @@ from rayfabric._client import AgentClient, error_name, make_channel
 from rayfabric.bench import raylet_pid
 
 from agent_front import AgentFront
+from ray_test_cluster import node_ids, on, use_this_checkout
 
 MODE = os.environ.get("RAYFABRIC_SECURITY_MODE", "none")
 MiB = 1 << 20
@@ -60,11 +61,7 @@ def _make_tls_files(directory):
 
 @pytest.fixture(scope="module")
 def cluster():
-    pkg = os.path.join(os.path.dirname(rayfabric.__file__), "..")
-    here = os.path.dirname(os.path.abspath(__file__))
-    os.environ["PYTHONPATH"] = os.pathsep.join([os.path.abspath(pkg), here, os.environ.get("PYTHONPATH", "")])
-    os.environ["RAYFABRIC_BIN_DIR"] = rayfabric.bin_dir()
-    os.environ.setdefault("RAY_health_check_failure_threshold", "20")
+    use_this_checkout()
     tmp = tempfile.mkdtemp(prefix="rayfabric-sec-")
     # Set explicitly: `ray start --head` turns token mode on by itself when ~/.ray/auth_token exists.
     os.environ["RAY_AUTH_MODE"] = "token" if MODE == "token" else "disabled"
@@ -85,19 +82,11 @@ def cluster():
     ray.init(address=c.address, logging_level="ERROR")
     c.wait_for_nodes()
     records = rayfabric.init(provider=PROVIDER, env=AGENT_ENV, watch_new_nodes=False)
-    nodes = {}
-    for n in ray.nodes():
-        for name in ("n0", "n1"):
-            if n["Alive"] and name in n["Resources"]:
-                nodes[name] = n["NodeID"]
+    nodes = node_ids(("n0", "n1"))
     yield {"cluster": c, "nodes": nodes, "records": records, "token": token}
     rayfabric.shutdown()
     ray.shutdown()
     c.shutdown()
-
-
-def on(node, fn):
-    return fn.options(resources={node: 0.01})
 
 
 def record(cluster, name):
