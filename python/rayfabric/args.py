@@ -55,20 +55,18 @@ def paused():
         _paused.on = before
 
 
-def _count(key, n=1):
-    with api._lock:
-        api._stats[key] = api._stats.get(key, 0) + n
-
-
 def _cached(table, key, lookup):
+    """lookup()'s value, kept _CACHE_S; an empty one (not placed yet, no agent) is not kept: it is
+    looked up again at the next call."""
     now = time.monotonic()
     with _lock:
         hit = table.get(key)
     if hit is not None and now - hit[1] < _CACHE_S:
         return hit[0]
     value = lookup()
-    with _lock:
-        table[key] = (value, now)
+    if value:
+        with _lock:
+            table[key] = (value, now)
     return value
 
 
@@ -78,13 +76,9 @@ def _actor_node(handle):
     def lookup():
         info = ray._private.state.actors(actor_id=actor_hex) or {}
         if info.get("State") != "ALIVE":
-            return None  # not placed yet (or restarting): do not cache a guess for long
+            return None  # not placed yet (or restarting)
         return (info.get("Address") or {}).get("NodeID") or None
-    node = _cached(_actor_nodes, actor_hex, lookup)
-    if node is None:
-        with _lock:
-            _actor_nodes.pop(actor_hex, None)  # look again at the next call
-    return node
+    return _cached(_actor_nodes, actor_hex, lookup)
 
 
 def _task_node(options):
@@ -104,9 +98,7 @@ def _task_node(options):
         return {int(k): v for k, v in (table.get("bundles_to_node_id") or {}).items()}
     bundles = _cached(_pg_nodes, pg.id.hex(), lookup)
     if not bundles:
-        with _lock:
-            _pg_nodes.pop(pg.id.hex(), None)  # not placed yet
-        return None
+        return None  # not placed yet
     if index is not None and index >= 0:
         return bundles.get(index)
     nodes = set(bundles.values())
@@ -119,11 +111,7 @@ def _node_agent(node_hex):
             return _agents.actor_of(node_hex)
         except ValueError:
             return None
-    agent = _cached(_node_agents, node_hex, lookup)
-    if agent is None:
-        with _lock:
-            _node_agents.pop(node_hex, None)
-    return agent
+    return _cached(_node_agents, node_hex, lookup)
 
 
 def _refs_of(args, kwargs):
@@ -150,11 +138,11 @@ def _may_block():
 def _prefetch_to(node_hex, refs):
     """Asks `node_hex` to pull `refs`; never waits for it."""
     if node_hex is None:
-        _count("args_no_destination", len(refs))
+        api._count("args_no_destination", len(refs))
         return
     agent = _node_agent(node_hex)
     if agent is None:
-        _count("args_no_agent", len(refs))
+        api._count("args_no_agent", len(refs))
         return
     # Arguments that exist: the call waits (at most CLAIM_WAIT_S) until the destination's agent
     # has claimed them, so that Ray's own pull, which starts when the call arrives, finds the
@@ -170,22 +158,22 @@ def _prefetch_to(node_hex, refs):
                  and (locations.get(r) or {}).get("object_size", 0) >= api.MIN_OBJECT_BYTES]
         if sum(locations[r]["object_size"] for r in worth) < api.MIN_PULL_BYTES:
             worth = []
-        _count("args_not_worth_a_pull", len(ready) - len(worth))
+        api._count("args_not_worth_a_pull", len(ready) - len(worth))
         ready = worth
     # (In a list, so that Ray hands the refs over as they are, not their values.)
     if ready and CLAIM_WAIT_S > 0 and _may_block():
         try:
             # Ray's own get (transparent mode's would try to pull the reply).
             api._ray_get(agent.prefetch.remote([ready], True, CLAIM_WAIT_S), timeout=CLAIM_WAIT_S + 1)
-            _count("args_claim_waited", len(ready))
+            api._count("args_claim_waited", len(ready))
         except Exception as e:  # noqa: BLE001 - a slow or dead NodeAgent: the call goes on
-            _count("args_claim_timeouts", len(ready))
+            api._count("args_claim_timeouts", len(ready))
             log.debug("rayfabric: claim of %d arguments did not answer: %s", len(ready), e)
     elif ready:
         pending, ready = pending + ready, []
     if pending:
         agent.prefetch.remote([pending])
-    _count("args_prefetch_asked", len(ready) + len(pending))
+    api._count("args_prefetch_asked", len(ready) + len(pending))
 
 
 def _guarded(kind, find_node, args, kwargs):
