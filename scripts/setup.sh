@@ -11,7 +11,8 @@ DEB_PKGS=(build-essential meson ninja-build pkg-config
           libfabric-dev libfabric-bin libibverbs-dev ibverbs-providers
           libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
           libflatbuffers-dev flatbuffers-compiler libgtest-dev libgmock-dev
-          python3-pip)
+          python3-pip
+          nftables)  # nftables: the netns tests make one fabric endpoint unreachable
 missing=()
 for p in "${DEB_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -90,6 +90,7 @@ struct FabricSummary {
   std::string domain;
   std::string fabric;
   bool rdma = false;
+  int rail = 0;  // 0: the provider's domain; 1..: further domains large transfers stripe across
 };
 
 struct ProviderReport {
@@ -216,6 +217,11 @@ struct RemoteSlice {
 
 using PeerId = uint64_t;
 
+// The part of `slices` (a remote range, the concatenation of its slices) from byte `offset` for
+// `length` bytes; OutOfRange if the slices hold fewer.
+Result<std::vector<RemoteSlice>> SubSlices(const std::vector<RemoteSlice>& slices, uint64_t offset,
+                                           uint64_t length);
+
 // One local <-> remote span of a transfer. `local` must lie inside `local_region`.
 struct RmaSpan {
   void* local = nullptr;
@@ -242,6 +248,13 @@ class Transfer {
   // One transfer made of several (e.g. one per registration slice): done when all are, its status
   // the first failure among them; Cancel cancels them all.
   static Transfer Join(const std::vector<Transfer>& transfers);
+  // A transfer that already failed with `why` (nothing posted).
+  static Transfer Failed(const std::string& what, Status why);
+  // `started` (posted parts of one range) when a later part (`what`) could not start: cancelled
+  // (and drained by the usual rules), and failing with `why` even if every posted part already
+  // finished, since their bytes are not the whole range.
+  static Transfer PartlyStarted(std::vector<Transfer> started, const std::string& what,
+                                const Status& why);
   // Returns the transfer's final status, or TimedOut if `timeout` passes first (the transfer
   // fails by itself once no operation has completed for op_timeout_ms).
   Status Wait(std::chrono::milliseconds timeout = std::chrono::milliseconds::max()) const;
@@ -329,5 +342,29 @@ class Engine {
   explicit Engine(std::shared_ptr<EngineCore> core);
   std::shared_ptr<EngineCore> core_;
 };
+
+// Which fabric a pair of nodes uses: the index in `mine` (this node's providers, best first) of the
+// first one `theirs` also lists, or -1 when they share none (then the pair cannot use the fabric).
+int ChooseShared(const std::vector<std::string>& mine, const std::vector<std::string>& theirs);
+
+// One rail of a striped transfer: an engine on one domain (NIC) of a provider, the peer's
+// endpoint on its matching domain, the whole remote range as registered there, and the local
+// range as registered with this engine. Rails of one transfer all describe the same bytes.
+struct Rail {
+  Engine* engine = nullptr;
+  PeerId peer = 0;
+  const std::vector<RemoteSlice>* remote = nullptr;
+  const RegisteredRange* local = nullptr;
+};
+
+// How many of `rails` a transfer of `length` bytes uses: each moves at least `min_stripe` bytes
+// (0: all of them), and at least one.
+size_t RailsFor(uint64_t length, size_t rails, uint64_t min_stripe);
+
+// Moves `length` bytes at `local` striped across the first RailsFor(length, rails.size(),
+// min_stripe) rails: rail i moves the i-th of as many contiguous stripes (64 KiB-aligned), each
+// through its own engine, completions joined. One rail: exactly Engine::StartRange.
+Result<Transfer> StartStriped(RmaOp op, const std::vector<Rail>& rails, void* local, size_t length,
+                              uint64_t min_stripe);
 
 }  // namespace rayfabric::fabric

@@ -303,7 +303,11 @@ def status(timeout=10):
                       "pid": s.info.pid, "alive": True, "exposure": s.info.exposure,
                       "token_auth": s.info.token_auth, "tls": s.info.tls,
                       "fabrics": [{"provider": f.provider, "domain": f.domain, "rdma": f.rdma,
-                                   "exposure": f.exposure} for f in s.info.fabrics],
+                                   "exposure": f.exposure, "rail_domains": list(f.rail_domains),
+                                   "address": f.address.hex()}
+                                  for f in s.info.fabrics],
+                      "rails": [{f.name: getattr(r, f.name) for f in pb.RailStat.DESCRIPTOR.fields}
+                                for r in s.rails],
                       "peer_links": [{f.name: getattr(link, f.name) for f in pb.PeerLink.DESCRIPTOR.fields}
                                      for link in s.peer_links]})
         except Exception as e:  # noqa: BLE001 - report the dead agent, keep going

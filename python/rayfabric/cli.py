@@ -34,11 +34,14 @@ def _print_status(st):
         print(f"{node[:12]:14s} {a['address']:22s} {a['provider']:14s} {a['domain']:8s} {a.get('exposure', '?'):8s} "
               f"{auth:9s} {a['objects_pulled']:8d} {a['bytes_pulled'] / 2**20:11.1f} {a['leases_active']:7d} "
               f"{a['pinned_bytes'] / 2**20:11.1f} {a['pulls_failed']:7d}")
-        if len(a.get("fabrics") or []) > 1:
-            print(f"{'':14s} fabrics: " + ", ".join(f"{f['provider']}/{f['domain']}" for f in a["fabrics"]))
+        fabrics = a.get("fabrics") or []
+        if len(fabrics) > 1 or any(f.get("rail_domains") for f in fabrics):
+            print(f"{'':14s} fabrics: " + ", ".join(
+                f"{f['provider']}/{'+'.join([f['domain'], *f.get('rail_domains', [])])}" for f in fabrics))
         for link in a.get("peer_links") or []:
+            rails = f" x{link['rails']} rails" if link.get("rails", 0) > 1 else ""
             print(f"{'':14s} from {link['peer']:22s} over {link['provider'] or 'NONE'}"
-                  f"{'/' + link['domain'] if link['domain'] else ''}: {link['objects_pulled']} pulled, "
+                  f"{'/' + link['domain'] if link['domain'] else ''}{rails}: {link['objects_pulled']} pulled, "
                   f"{link['pulls_failed']} failed" + (f" ({link['last_error'][:80]})" if link["last_error"] else ""))
 
 
@@ -70,6 +73,9 @@ def main(argv=None):
         if argv[0] == "doctor":
             from rayfabric import doctor
             return doctor.main(rest)
+        if "--rails" in rest:  # `rayfabric bench --rails ...`: one rail vs two on shaped links
+            from rayfabric import bench_rails
+            return bench_rails.main([x for x in rest if x != "--rails"])
         if "--args" in rest:  # `rayfabric bench --args ...`: the call-argument cases
             from rayfabric import bench_args
             return bench_args.main([x for x in rest if x != "--args"])

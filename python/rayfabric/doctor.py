@@ -480,20 +480,39 @@ def hugepage_summary(meminfo: Mapping[str, int]) -> dict[str, Any]:
     return {k: meminfo.get(k) for k in keys}
 
 
-def check_hugepages(meminfo: Mapping[str, int], store_bytes: int | None, want_huge: bool) -> list[Finding]:
-    """Only matters when Ray's plasma is asked to use hugepages (--huge-pages)."""
+def plasma_hugepages(store_bytes: int, page_size: int) -> int:
+    """Huge pages one Ray 2.60 plasma store maps with --huge-pages: its allocator's granularity is
+    then 1 GiB, so the store's one mapping is its size rounded UP to a multiple of 1 GiB, plus 8
+    bytes (kMmapRegionsGap): a 256 MiB or a 1 GiB store maps 1 GiB + 8 B (513 pages of 2 MiB), all
+    reserved at mmap (the raylet dies at startup if they are not free). `store_bytes` may be the
+    configured size or the mapping the raylet logged (create_and_mmap_buffer: already + 8)."""
+    gib = 1 << 30
+    mapped = -(-max(store_bytes - 8, 1) // gib) * gib + 8
+    return -(-mapped // page_size)
+
+
+def check_hugepages(meminfo: Mapping[str, int], store_bytes: int | None, want_huge: bool,
+                    running: bool = False) -> list[Finding]:
+    """Only matters when Ray's plasma is asked to use hugepages (--huge-pages). `running`: the store
+    already runs on hugepages (its raylet log says so): its pages were reserved when it mapped
+    them, so free pages say nothing about it (they drop as it fills)."""
     if not want_huge:
         return []
     total, free, size = meminfo.get("HugePages_Total", 0), meminfo.get("HugePages_Free", 0), meminfo.get("Hugepagesize", 0)
     if total == 0:
         return [Finding(ERROR, "no-hugepages", "plasma hugepages requested but HugePages_Total is 0",
-                        "reserve them: `sysctl vm.nr_hugepages=<store bytes / Hugepagesize>` and mount hugetlbfs "
+                        "reserve them: `sysctl vm.nr_hugepages=<per store: its size rounded up to 1 GiB, "
+                        "/ Hugepagesize, + 1>` and mount hugetlbfs "
                         "(`mount -t hugetlbfs none /mnt/hugepages`), or do not use --huge-pages")]
-    if store_bytes is not None and free * size < store_bytes:
+    # Pages promised to mappings (HugePages_Rsvd) are counted as free but are not there to take.
+    usable = free - meminfo.get("HugePages_Rsvd", 0)
+    need = plasma_hugepages(store_bytes, size) if store_bytes is not None and size else 0
+    if not running and usable < need:
         return [Finding(ERROR, "hugepages-short",
-                        f"plasma {fmt_bytes(store_bytes)} needs more hugepages than are free "
-                        f"({free} x {fmt_bytes(size)} = {fmt_bytes(free * size)})",
-                        f"raise vm.nr_hugepages to at least {-(-store_bytes // size)}")]
+                        f"plasma {fmt_bytes(store_bytes)} maps {need} hugepages (Ray rounds the store up to "
+                        f"1 GiB + 8 B on hugepages) but {usable} are free and unreserved "
+                        f"({usable} x {fmt_bytes(size)} = {fmt_bytes(usable * size)})",
+                        f"raise vm.nr_hugepages to at least {total + need - usable}")]
     return []
 
 
@@ -713,7 +732,7 @@ def check_control_plane(env: Mapping[str, str]) -> list[Finding]:
 # ----------------------------------------------------------------------------- report
 
 def diagnose(*, sysfs: str = SYSFS_IB, dev_dir: str = "/dev/infiniband", fi_info: str | None = None, store_bytes: int | None = None,
-             store_source: str = "", want_huge: bool = False,
+             store_source: str = "", want_huge: bool = False, huge_running: bool = False,
              env: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """Gather everything on this machine and evaluate it; returns the JSON-able report."""
     fi = find_fi_info(fi_info, env)
@@ -731,7 +750,7 @@ def diagnose(*, sysfs: str = SYSFS_IB, dev_dir: str = "/dev/infiniband", fi_info
                 + check_efa_facts(devices, bool(efa_run.rc == 0 and parse_fi_info(efa_run.out)),
                                   (_read(Path(DMI_PRODUCT)) or "").strip())
                 + check_rxe_universe(devices, env) + check_rxe_chunk(devices, env)
-                + check_memlock(soft, hard, store_bytes, cap) + check_hugepages(meminfo, store_bytes, want_huge))
+                + check_memlock(soft, hard, store_bytes, cap) + check_hugepages(meminfo, store_bytes, want_huge, huge_running))
     entries = [] if rdm_run.nodata else parse_fi_info(rdm_run.out)
     by_prov = rdm_domains(entries)
     rdma_sel = {p: d for p, d in by_prov.items() if is_rdma_provider(p)}
@@ -865,7 +884,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         store, source, ray_huge = ray_store_bytes()
     want_huge = a.huge_pages or bool(ray_huge)
     r = diagnose(sysfs=a.sysfs, dev_dir=a.dev_dir, fi_info=a.fi_info, store_bytes=store, store_source=source,
-                 want_huge=want_huge)
+                 want_huge=want_huge, huge_running=bool(ray_huge))
     print(json.dumps(r, indent=2) if a.json else render_text(r))
     if a.json_file:
         Path(a.json_file).write_text(json.dumps(r, indent=2) + "\n")

@@ -52,6 +52,8 @@ constexpr auto kCancelPoll = std::chrono::milliseconds(100);
 constexpr int kMaxBackgroundPulls = 64;
 // An early answer leaves the caller's deadline this much time to travel.
 constexpr auto kReplyMargin = std::chrono::milliseconds(250);
+// A provider whose reads from a source all failed is not offered to that source for this long.
+constexpr auto kUnusableFor = std::chrono::seconds(60);
 
 // Runs one asynchronous unary call (`start` hands gRPC its completion callback) and waits for it,
 // cancelling it if the pull's caller goes away or its deadline passes.
@@ -148,7 +150,11 @@ struct Agent::PullJob {
   bool created = false;
   plasma::ObjectBuffer replica;
   std::vector<fabric::RemoteSlice> remote;  // where the leased bytes lie at the source, in order
+  // The same bytes on the source's further rails (2, 3, ...) this node can pair with.
+  std::vector<std::vector<fabric::RemoteSlice>> rail_remote;
   fabric::Transfer transfer;
+  size_t rails_used = 0;       // rails its read striped across
+  bool fabric_failed = false;  // its read failed on the fabric (to try over another provider)
   Clock::time_point started;
   Clock::time_point lease_expires;  // by our clock, counted from before the lease was asked
 };
@@ -196,19 +202,30 @@ Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options) {
   }
   fabric::EngineOptions engine_options;
   engine_options.preferred_ip = options.listen_host;
+  RF_ASSIGN_OR_RETURN(uint64_t stripe_min, options.config.GetBytes("stripe_min"));
+  if (stripe_min == 0) return InvalidArgument("stripe_min must be > 0 (e.g. 4M)");
   RF_ASSIGN_OR_RETURN(auto engines, fabric::Engine::OpenAll(options.config, engine_options));
   std::vector<Fabric> fabrics;
   for (auto& engine : engines) {
     const fabric::ProviderProfile& profile = engine->profile();
+    if (!profile.enforces_access && !allow_unprotected) {
+      return PermissionDenied(
+          "provider " + profile.provider + " does not enforce registration access (" +
+          profile.access_note +
+          "): peers holding or guessing a key could write this node's object store. Set "
+          "FI_MR_CACHE_MAX_COUNT=0 for the agent (verbs/efa), choose another provider, or "
+          "accept the risk with RAYFABRIC_ALLOW_UNPROTECTED_MEMORY=true");
+    }
+    // A further domain of the provider just opened: one more rail of that fabric.
+    if (!fabrics.empty() && fabrics.back().provider() == profile.provider) {
+      RF_LOG(kInfo, "fabric " << profile.provider << "/" << profile.domain << ": rail "
+                              << fabrics.back().rails.size() + 1 << " of "
+                              << fabrics.back().engine().profile().domain);
+      fabrics.back().rails.push_back(std::move(engine));
+      fabrics.back().segments.emplace_back();
+      continue;
+    }
     if (!profile.enforces_access) {
-      if (!allow_unprotected) {
-        return PermissionDenied(
-            "provider " + profile.provider + " does not enforce registration access (" +
-            profile.access_note +
-            "): peers holding or guessing a key could write this node's object store. Set "
-            "FI_MR_CACHE_MAX_COUNT=0 for the agent (verbs/efa), choose another provider, or "
-            "accept the risk with RAYFABRIC_ALLOW_UNPROTECTED_MEMORY=true");
-      }
       RF_LOG(kWarn, "serving plasma memory on "
                         << profile.provider << " although it does not enforce access ("
                         << profile.access_note << "): allowed by allow_unprotected_memory");
@@ -226,12 +243,15 @@ Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options) {
                                     ? "object (a key per lease, for its bytes only)"
                                     : "arena (one read-only key for the store)")
                             << (exposure == "auto" ? " (auto, from the provider)" : ""));
-    fab.engine = std::move(engine);
+    fab.rails.push_back(std::move(engine));
+    fab.segments.emplace_back();
     fabrics.push_back(std::move(fab));
   }
-  return std::unique_ptr<Agent>(new Agent(std::move(options), std::move(serve_store),
-                                          std::move(pull_store), std::move(fabrics),
-                                          max_lease_bytes_per_peer));
+  auto agent = std::unique_ptr<Agent>(new Agent(std::move(options), std::move(serve_store),
+                                                std::move(pull_store), std::move(fabrics),
+                                                max_lease_bytes_per_peer));
+  agent->stripe_min_ = stripe_min;
+  return agent;
 }
 
 struct Agent::PendingRelease {
@@ -301,7 +321,9 @@ Agent::~Agent() {
   // The fabric endpoint closes first (no read can land any more, quarantined ones included);
   // then the store connections go (the store aborts what is unsealed), while everything their
   // unmap callbacks touch is still alive.
-  for (Fabric& fab : fabrics_) fab.engine.reset();
+  for (Fabric& fab : fabrics_) {
+    for (auto& rail : fab.rails) rail.reset();
+  }
   {
     std::lock_guard<std::mutex> lock(quarantine_mu_);
     quarantine_.clear();
@@ -313,7 +335,7 @@ Agent::~Agent() {
     pull_store_.reset();
   }
   std::lock_guard<std::mutex> lock(regions_mu_);
-  for (Fabric& fab : fabrics_) fab.segments.clear();
+  for (Fabric& fab : fabrics_) fab.segments.clear();  // every rail's
 }
 
 Agent::Fabric* Agent::FabricFor(const std::string& provider) {
@@ -326,7 +348,7 @@ Agent::Fabric* Agent::FabricFor(const std::string& provider) {
 std::string Agent::FabricList() const {
   std::string out;
   for (const Fabric& fab : fabrics_) {
-    out += (out.empty() ? "" : ", ") + fab.provider() + "/" + fab.engine->profile().domain;
+    out += (out.empty() ? "" : ", ") + fab.provider() + "/" + fab.engine().profile().domain;
   }
   return out;
 }
@@ -400,15 +422,15 @@ void Agent::SweepRetiredStores() {
 }
 
 void Agent::DropLeaseRegion(uint64_t lease_id) {
-  fabric::RegisteredRange range;
+  std::vector<fabric::RegisteredRange> ranges;  // one per rail
   {
     std::lock_guard<std::mutex> lock(lease_regions_mu_);
     auto it = lease_regions_.find(lease_id);
     if (it == lease_regions_.end()) return;
-    range = std::move(it->second);
+    ranges = std::move(it->second);
     lease_regions_.erase(it);
   }
-  range.slices.clear();  // deregistered here, outside the lock: their keys stop working
+  ranges.clear();  // deregistered here, outside the lock: their keys stop working
 }
 
 void Agent::Unpin(const LeasedObject& object) {
@@ -422,10 +444,12 @@ void Agent::Unpin(const LeasedObject& object) {
   if (object.store_generation == generation) (void)store->Release(object.object);
 }
 
-Result<fabric::RegisteredRange> Agent::RegionFor(Fabric& fab, uint8_t* base, size_t size) {
+Result<fabric::RegisteredRange> Agent::RegionFor(Fabric& fab, size_t rail, uint8_t* base,
+                                                 size_t size) {
   std::lock_guard<std::mutex> lock(regions_mu_);
-  auto it = fab.segments.find(base);
-  if (it != fab.segments.end() && it->second.range.Contains(base, size)) return it->second.range;
+  std::map<uint8_t*, Registered>& segments = fab.segments[rail];
+  auto it = segments.find(base);
+  if (it != segments.end() && it->second.range.Contains(base, size)) return it->second.range;
   // The whole segment (the store's arena: every later object in it is served or filled with no
   // new registration), with exactly what the two sides need: this process's fi_read writes
   // replicas into it (pulling), and with arena exposure peers may read it (serving). Never remote
@@ -436,9 +460,9 @@ Result<fabric::RegisteredRange> Agent::RegionFor(Fabric& fab, uint8_t* base, siz
   // Private: this map is the cache, and it forgets a segment when it is unmapped; the engine's
   // own cache could hand back a registration of memory unmapped since (a new segment mapped at
   // the same address), still alive while a transfer holds it.
-  RF_ASSIGN_OR_RETURN(auto range,
-                      fab.engine->RegisterRange(base, size, access, fabric::Sharing::kPrivate));
-  fab.segments[base] = Registered{range};
+  RF_ASSIGN_OR_RETURN(
+      auto range, fab.rails[rail]->RegisterRange(base, size, access, fabric::Sharing::kPrivate));
+  segments[base] = Registered{range};
   return range;
 }
 
@@ -446,7 +470,9 @@ void Agent::OnSegmentUnmapped(const plasma::SegmentInfo& segment) {
   // Runs before the segment is unmapped: drop our registration so that no stale region can be
   // found at this address again.
   std::lock_guard<std::mutex> lock(regions_mu_);
-  for (Fabric& fab : fabrics_) fab.segments.erase(segment.base);
+  for (Fabric& fab : fabrics_) {
+    for (auto& segments : fab.segments) segments.erase(segment.base);
+  }
 }
 
 v1::InfoReply Agent::Info() const {
@@ -455,21 +481,24 @@ v1::InfoReply Agent::Info() const {
   info.set_agent_version("0.1.0");
   info.set_ray_version(options_.ray_version);
   info.set_node_id(options_.node_id);
-  const fabric::Engine& best = *fabrics_.front().engine;
+  const fabric::Engine& best = fabrics_.front().engine();
   info.set_provider(best.profile().provider);
   info.set_domain(best.profile().domain);
   info.set_fabric_address(best.Address().bytes);
   info.set_provider_reason(best.report().reason);
   for (const Fabric& fab : fabrics_) {
     v1::FabricInfo* f = info.add_fabrics();
-    const fabric::FabricAddress address = fab.engine->Address();
+    const fabric::FabricAddress address = fab.engine().Address();
     f->set_provider(address.provider);
     f->set_fabric(address.fabric);
     f->set_domain(address.domain);
     f->set_address(address.bytes);
-    f->set_rdma(fab.engine->profile().rdma);
-    f->set_reason(fab.engine->report().reason);
+    f->set_rdma(fab.engine().profile().rdma);
+    f->set_reason(fab.engine().report().reason);
     f->set_exposure(fab.exposure == Exposure::kObject ? "object" : "arena");
+    for (size_t k = 1; k < fab.rails.size(); ++k) {
+      f->add_rail_domains(fab.rails[k]->profile().domain);
+    }
   }
   info.set_pid(static_cast<int32_t>(getpid()));
   info.set_token_auth(options_.credentials.token_required());
@@ -485,60 +514,78 @@ void Agent::RefuseLease(v1::Lease& lease, const Status& why) {
   lease.set_error(why.message());
 }
 
-void Agent::GrantLease(Fabric& fab, v1::Lease& lease, const ObjectId& id,
+namespace {
+// Where [data, data + bytes) lies in `range`: one slice per registration it crosses, in order.
+void DescribeSlices(const fabric::RegisteredRange& range, const uint8_t* data, uint64_t bytes,
+                    google::protobuf::RepeatedPtrField<v1::LeaseSlice>* out) {
+  const uint8_t* const end = data + bytes;
+  for (const auto& slice : range.slices) {
+    const auto* base = static_cast<const uint8_t*>(slice->base());
+    const uint8_t* from = std::max<const uint8_t*>(data, base);
+    const uint8_t* to = std::min<const uint8_t*>(end, base + slice->length());
+    if (from >= to) continue;
+    v1::LeaseSlice* described = out->Add();
+    described->set_region(slice->Describe().Serialize());
+    described->set_offset(static_cast<uint64_t>(from - base));
+    described->set_length(static_cast<uint64_t>(to - from));
+  }
+}
+}  // namespace
+
+void Agent::GrantLease(Fabric& fab, size_t rails, v1::Lease& lease, const ObjectId& id,
                        const plasma::ObjectBuffer& obj, std::chrono::milliseconds ttl,
                        const std::string& requester, plasma::PlasmaClient& store,
                        uint64_t generation) {
   // `obj` is pinned by our Get: every refusal below unpins it.
   const uint64_t bytes = obj.data_size + obj.metadata_size;
-  fabric::RegisteredRange region;
-  if (fab.exposure == Exposure::kObject) {
-    // A registration of this object's bytes alone (in slices if it is larger than one may be),
-    // with keys of its own, dropped when the lease ends: the holder can read this object and
-    // nothing else, and only while leased.
-    auto own =
-        fab.engine->RegisterRange(obj.data, bytes, fabric::kRemoteRead, fabric::Sharing::kPrivate);
-    if (!own.ok()) {
-      (void)store.Release(id);
-      return RefuseLease(lease, own.status().WithContext("registering object " + id.Hex()));
+  // Described on as many rails as the reader will stripe it across (one for a small object).
+  const size_t described = fabric::RailsFor(bytes, std::min(rails, fab.rails.size()), stripe_min_);
+  std::vector<fabric::RegisteredRange> regions;
+  for (size_t rail = 0; rail < described; ++rail) {
+    // Object exposure: a registration of this object's bytes alone (in slices if it is larger
+    // than one may be), with keys of its own, dropped when the lease ends: the holder can read
+    // this object and nothing else, and only while leased. Arena: the segment's registration.
+    Result<fabric::RegisteredRange> region =
+        fab.exposure == Exposure::kObject
+            ? fab.rails[rail]->RegisterRange(obj.data, bytes, fabric::kRemoteRead,
+                                             fabric::Sharing::kPrivate)
+            : RegionFor(fab, rail, obj.segment_base, obj.segment_size);
+    if (region.ok()) {
+      regions.push_back(std::move(*region));
+      continue;
     }
-    region = *own;
-  } else {
-    auto arena = RegionFor(fab, obj.segment_base, obj.segment_size);
-    if (!arena.ok()) {
-      (void)store.Release(id);
-      return RefuseLease(
-          lease, arena.status().WithContext("registering the store memory of object " + id.Hex()));
+    if (rail > 0) {  // a further rail that cannot register it: the object moves on fewer
+      RF_LOG(kWarn, "object " << id.Hex() << " not striped onto "
+                              << fab.rails[rail]->profile().domain << ": " << region.status());
+      break;
     }
-    region = *arena;
+    (void)store.Release(id);
+    return RefuseLease(lease, region.status().WithContext(
+                                  fab.exposure == Exposure::kObject
+                                      ? "registering object " + id.Hex()
+                                      : "registering the store memory of object " + id.Hex()));
   }
-  // The lease and its region appear together: an expiry or revocation racing with this grant
-  // (DropLeaseRegion takes the same lock) always finds the region to drop.
+  // The lease and its regions appear together: an expiry or revocation racing with this grant
+  // (DropLeaseRegion takes the same lock) always finds the regions to drop.
   std::unique_lock<std::mutex> regions_lock(lease_regions_mu_);
   auto grant = leases_.Grant(LeasedObject{id, bytes, requester, generation}, ttl);
   if (!grant.ok()) {
     regions_lock.unlock();
-    region.slices.clear();
+    regions.clear();
     (void)store.Release(id);
     return RefuseLease(lease, grant.status());
   }
-  if (fab.exposure == Exposure::kObject) lease_regions_[grant->id] = region;
+  if (fab.exposure == Exposure::kObject) lease_regions_[grant->id] = regions;
   regions_lock.unlock();
   ++leases_granted_;
   bytes_leased_ += bytes;
   lease.set_lease_id(grant->id);
   lease.set_token(grant->token);
-  // Where the object's bytes lie: one slice per registration they cross, in order.
-  const uint8_t* const end = obj.data + bytes;
-  for (const auto& slice : region.slices) {
-    const auto* base = static_cast<const uint8_t*>(slice->base());
-    const uint8_t* from = std::max<const uint8_t*>(obj.data, base);
-    const uint8_t* to = std::min<const uint8_t*>(end, base + slice->length());
-    if (from >= to) continue;
-    v1::LeaseSlice* out = lease.add_slices();
-    out->set_region(slice->Describe().Serialize());
-    out->set_offset(static_cast<uint64_t>(from - base));
-    out->set_length(static_cast<uint64_t>(to - from));
+  // Where the object's bytes lie: one slice per registration they cross, in order; on each
+  // further rail, the same.
+  DescribeSlices(regions.front(), obj.data, bytes, lease.mutable_slices());
+  for (size_t rail = 1; rail < regions.size(); ++rail) {
+    DescribeSlices(regions[rail], obj.data, bytes, lease.add_rails()->mutable_slices());
   }
   // The first slice also in the single-region fields, for readers that predate slices (an
   // object that crosses slices is then refused by their engine's range check).
@@ -551,9 +598,9 @@ void Agent::GrantLease(Fabric& fab, v1::Lease& lease, const ObjectId& id,
   lease.set_expires_in_ms(static_cast<uint64_t>(ttl.count()));
 }
 
-void Agent::LeaseBatch(Fabric& fab, v1::LeaseReply& reply, const std::vector<int>& indices,
-                       const std::vector<ObjectId>& ids, std::chrono::milliseconds ttl,
-                       const std::string& requester) {
+void Agent::LeaseBatch(Fabric& fab, size_t rails, v1::LeaseReply& reply,
+                       const std::vector<int>& indices, const std::vector<ObjectId>& ids,
+                       std::chrono::milliseconds ttl, const std::string& requester) {
   if (indices.empty()) return;
   uint64_t generation = 0;
   StorePtr store = ServeStore(&generation);
@@ -568,7 +615,7 @@ void Agent::LeaseBatch(Fabric& fab, v1::LeaseReply& reply, const std::vector<int
     v1::Lease& lease = *reply.mutable_leases(indices[k]);
     if (pinned) {
       if ((*pinned)[k].found) {
-        GrantLease(fab, lease, ids[k], (*pinned)[k], ttl, requester, *store, generation);
+        GrantLease(fab, rails, lease, ids[k], (*pinned)[k], ttl, requester, *store, generation);
       } else {
         RefuseLease(lease, store->NotSealed(ids[k], 0));
       }
@@ -576,7 +623,7 @@ void Agent::LeaseBatch(Fabric& fab, v1::LeaseReply& reply, const std::vector<int
     }
     auto one = store->GetOne(ids[k], 0);
     if (one.ok()) {
-      GrantLease(fab, lease, ids[k], *one, ttl, requester, *store, generation);
+      GrantLease(fab, rails, lease, ids[k], *one, ttl, requester, *store, generation);
     } else {
       RefuseLease(lease, one.status());
     }
@@ -587,11 +634,21 @@ v1::LeaseReply Agent::Lease(const v1::LeaseRequest& request, const std::string& 
   v1::LeaseReply reply;
   // The best of this node's fabrics that the reader speaks too (an older reader lists none: the
   // best one).
-  Fabric* fab = request.reader_providers().empty() ? &fabrics_.front() : nullptr;
-  for (Fabric& candidate : fabrics_) {
-    if (fab != nullptr) break;
-    for (const std::string& provider : request.reader_providers()) {
-      if (provider == candidate.provider()) fab = &candidate;
+  std::vector<std::string> mine;
+  for (const Fabric& candidate : fabrics_) mine.push_back(candidate.provider());
+  const std::vector<std::string> theirs(request.reader_providers().begin(),
+                                        request.reader_providers().end());
+  Fabric* fab = nullptr;
+  size_t reader_rails = 1;
+  if (theirs.empty()) {
+    fab = &fabrics_.front();
+  } else if (const int chosen = fabric::ChooseShared(mine, theirs); chosen >= 0) {
+    fab = &fabrics_[static_cast<size_t>(chosen)];
+    for (int i = 0; i < request.reader_providers_size(); ++i) {
+      if (request.reader_providers(i) == fab->provider() && i < request.reader_rails_size() &&
+          request.reader_rails(i) > 1) {
+        reader_rails = request.reader_rails(i);
+      }
     }
   }
   if (fab == nullptr) {
@@ -609,11 +666,20 @@ v1::LeaseReply Agent::Lease(const v1::LeaseRequest& request, const std::string& 
     }
     return reply;
   }
-  const fabric::FabricAddress address = fab->engine->Address();
+  const fabric::FabricAddress address = fab->engine().Address();
   reply.set_fabric_address(address.bytes);
   reply.set_provider(address.provider);
   reply.set_domain(address.domain);
   reply.set_fabric(address.fabric);
+  // As many rails as both nodes have; rail i of one pairs with rail i of the other.
+  const size_t rails = std::min(reader_rails, fab->rails.size());
+  for (size_t k = 1; k < rails; ++k) {
+    const fabric::FabricAddress rail = fab->rails[k]->Address();
+    v1::RailAddress* out = reply.add_rails();
+    out->set_domain(rail.domain);
+    out->set_fabric(rail.fabric);
+    out->set_address(rail.bytes);
+  }
   // A reader asks for as long as its pull may take; no longer than max_lease_ttl_ms.
   auto ttl = request.ttl_ms() > 0 ? std::chrono::milliseconds(request.ttl_ms()) : default_ttl_;
   ttl = std::min(ttl, max_ttl_);
@@ -623,7 +689,7 @@ v1::LeaseReply Agent::Lease(const v1::LeaseRequest& request, const std::string& 
   std::vector<ObjectId> batch_ids;
   std::set<ObjectId> in_batch;
   auto flush = [&] {
-    LeaseBatch(*fab, reply, batch, batch_ids, ttl, requester);
+    LeaseBatch(*fab, rails, reply, batch, batch_ids, ttl, requester);
     batch.clear();
     batch_ids.clear();
     in_batch.clear();
@@ -984,8 +1050,37 @@ void Agent::PullOnce(std::vector<PullJob*> pending, const PullBounds& bounds) {
   }
 }
 
+std::set<std::string> Agent::UnusableWith(const std::string& source) {
+  std::set<std::string> out;
+  std::lock_guard<std::mutex> lock(links_mu_);
+  auto it = unusable_.find(source);
+  if (it == unusable_.end()) return out;
+  const Clock::time_point now = Clock::now();
+  for (auto p = it->second.begin(); p != it->second.end();) {
+    if (p->second <= now) {
+      p = it->second.erase(p);
+    } else {
+      out.insert(p->first);
+      ++p;
+    }
+  }
+  return out;
+}
+
+void Agent::MarkUnusable(const std::string& source, const std::string& provider,
+                         const Status& why) {
+  RF_LOG(kWarn, "reads from the agent at "
+                    << source << " over " << provider << " failed (" << why.message().substr(0, 200)
+                    << "): the pair uses "
+                    << "its next shared provider for "
+                    << std::chrono::duration_cast<std::chrono::seconds>(kUnusableFor).count()
+                    << " s");
+  std::lock_guard<std::mutex> lock(links_mu_);
+  unusable_[source][provider] = Clock::now() + kUnusableFor;
+}
+
 void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
-                           const PullBounds& bounds) {
+                           const PullBounds& bounds, std::set<std::string> excluded) {
   const Clock::time_point deadline = bounds.deadline;
   // This connection creates, seals or aborts every replica of this source's objects, and stays
   // open while any of their reads may land (see StorePtr).
@@ -1001,7 +1096,18 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
   lease_request.set_ttl_ms(static_cast<uint32_t>(
       std::clamp<int64_t>(wanted.count(), 1, std::numeric_limits<uint32_t>::max())));
   for (PullJob* job : jobs) lease_request.add_object_ids(job->id.Binary());
-  for (const Fabric& fab : fabrics_) lease_request.add_reader_providers(fab.provider());
+  // Every provider of this node but those that failed in this Pull, and but those that failed
+  // with this source lately (unless that leaves none: the failure may have passed).
+  const std::set<std::string> unusable = UnusableWith(source);
+  const bool all_unusable = std::all_of(fabrics_.begin(), fabrics_.end(), [&](const Fabric& fab) {
+    return excluded.count(fab.provider()) > 0 || unusable.count(fab.provider()) > 0;
+  });
+  for (const Fabric& fab : fabrics_) {
+    if (excluded.count(fab.provider()) > 0) continue;
+    if (!all_unusable && unusable.count(fab.provider()) > 0) continue;
+    lease_request.add_reader_providers(fab.provider());
+    lease_request.add_reader_rails(static_cast<uint32_t>(fab.rails.size()));
+  }
   v1::LeaseReply lease_reply;
   grpc::ClientContext lease_ctx;
   peers_.Prepare(lease_ctx);
@@ -1049,13 +1155,30 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
         Unavailable("the agent at " + source + " answered on provider '" + lease_reply.provider() +
                     "', which this node does not speak (" + FabricList() + ")");
   } else {
-    auto added = fab->engine->AddPeer({lease_reply.provider(), lease_reply.fabric(),
-                                       lease_reply.domain(), lease_reply.fabric_address()});
+    auto added = fab->engine().AddPeer({lease_reply.provider(), lease_reply.fabric(),
+                                        lease_reply.domain(), lease_reply.fabric_address()});
     if (added.ok()) {
       peer = *added;
     } else {
       peer_status =
           added.status().WithContext("adding the agent at " + source + " as a fabric peer");
+    }
+  }
+  // The source's further rails, each on this node's rail of the same rank: as many as both have
+  // (a rail that cannot be added ends the list: large objects then stripe across fewer).
+  std::vector<fabric::PeerId> rail_peers;  // rails 2, 3, ...
+  if (peer_status.ok()) {
+    for (int k = 0; k < lease_reply.rails_size() && static_cast<size_t>(k) + 1 < fab->rails.size();
+         ++k) {
+      const v1::RailAddress& rail = lease_reply.rails(k);
+      auto added = fab->rails[k + 1]->AddPeer(
+          {lease_reply.provider(), rail.fabric(), rail.domain(), rail.address()});
+      if (!added.ok()) {
+        RF_LOG(kWarn, "rail " << k + 2 << " to the agent at " << source
+                              << " not used: " << added.status());
+        break;
+      }
+      rail_peers.push_back(*added);
     }
   }
   for (size_t i = 0; i < jobs.size(); ++i) {
@@ -1089,13 +1212,29 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
       continue;
     }
     Status described = ParseSlices(job.lease, leased_size, job.remote);
+    job.rail_remote.clear();
+    for (int k = 0;
+         described.ok() && k < job.lease.rails_size() && static_cast<size_t>(k) < rail_peers.size();
+         ++k) {
+      // A further rail's slices are checked like the first rail's: exactly the object's bytes.
+      v1::Lease on_rail;
+      *on_rail.mutable_slices() = job.lease.rails(k).slices();
+      std::vector<fabric::RemoteSlice> slices;
+      described = on_rail.slices_size() == 0 ? OutOfRange("it describes none of the object's bytes")
+                                             : ParseSlices(on_rail, leased_size, slices);
+      if (!described.ok()) described = described.WithContext("on rail " + std::to_string(k + 2));
+      job.rail_remote.push_back(std::move(slices));
+    }
     if (!described.ok()) {
       ++leases_size_mismatch_;
       SetError(*job.result,
                described.WithContext("the agent at " + source + " leased object " + job.id.Hex()));
       continue;
     }
-    if (!peer_status.ok()) SetError(*job.result, peer_status);
+    if (!peer_status.ok()) {
+      SetError(*job.result, peer_status);
+      job.fabric_failed = true;
+    }
   }
   for (PullJob* job : jobs) job->result->set_provider(lease_reply.provider());
   Settle(bounds, jobs);  // the refused ones
@@ -1151,10 +1290,15 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
       }
       job.created = true;
       job.replica = *replica;
-      fabric::RegisteredRange local;
-      auto region = RegionFor(*fab, job.replica.segment_base, job.replica.segment_size);
-      Status s = region.status();
-      if (region.ok()) local = std::move(*region);
+      // One local registration per rail the read stripes across (the replica's segment on each).
+      const size_t rails = fabric::RailsFor(bytes, 1 + job.rail_remote.size(), stripe_min_);
+      std::vector<fabric::RegisteredRange> local(rails);
+      Status s;
+      for (size_t k = 0; k < rails && s.ok(); ++k) {
+        auto region = RegionFor(*fab, k, job.replica.segment_base, job.replica.segment_size);
+        s = region.status();
+        if (region.ok()) local[k] = std::move(*region);
+      }
       if (s.ok()) {
         // The replica's pages may be new to this process's mapping of the store: map them in one
         // call rather than take a fault per page while the provider writes into them.
@@ -1162,10 +1306,17 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
         if (!populated.ok() && !populate_warned_.exchange(true)) {
           RF_LOG(kInfo, "replicas are not populated before reads: " << populated.message());
         }
-        auto started = fab->engine->StartRange(fabric::RmaOp::kRead, peer, job.remote, local,
-                                               job.replica.data, bytes);
+        std::vector<fabric::Rail> stripes(rails);
+        for (size_t k = 0; k < rails; ++k) {
+          stripes[k] = {fab->rails[k].get(), k == 0 ? peer : rail_peers[k - 1],
+                        k == 0 ? &job.remote : &job.rail_remote[k - 1], &local[k]};
+        }
+        auto started = fabric::StartStriped(fabric::RmaOp::kRead, stripes, job.replica.data, bytes,
+                                            stripe_min_);
+        job.rails_used = rails;
         s = started.status();
         if (started.ok()) job.transfer = *started;
+        job.fabric_failed = !started.ok();  // not a local registration: the fabric refused it
       }
       if (!s.ok()) {
         // Nothing was posted: the replica can go at once.
@@ -1193,6 +1344,8 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
           break;
         }
       }
+      // Failed by itself (an error, or no progress for op_timeout_ms), not cut short by us.
+      job->fabric_failed = !s.ok() && job->transfer.Done();
       if (s.ok() && Clock::now() >= job->lease_expires) {
         // The read finished, but maybe after the source unpinned the object: its bytes may be
         // another object's. Never seal them.
@@ -1233,6 +1386,46 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
     ref->set_token(job->lease.token());
   }
   if (release.leases_size() > 0) QueueRelease(source, std::move(release));
+
+  // 4. Reads that failed on this fabric go again over the next provider both nodes share, if
+  //    there is one and time is left; a provider none of whose reads worked is skipped with this
+  //    source for a while (unreachable between the two: e.g. verbs across two IB subnets).
+  if (fab == nullptr) return;
+  std::vector<PullJob*> again;
+  Status why;
+  bool any_pulled = false;
+  for (PullJob* job : jobs) {
+    any_pulled = any_pulled || job->result->outcome() == v1::PULLED;
+    if (job->fabric_failed && job->result->outcome() == v1::FAILED) {
+      if (again.empty())
+        why = Status(static_cast<StatusCode>(job->result->error_code()), job->result->error());
+      again.push_back(job);
+    }
+  }
+  if (again.empty()) return;
+  if (!any_pulled) MarkUnusable(source, fab->provider(), why);
+  // Each provider is tried once per Pull (a source that answers on one it was not offered gets no
+  // second try on it).
+  if (!excluded.insert(fab->provider()).second) return;
+  const bool another = std::any_of(fabrics_.begin(), fabrics_.end(), [&](const Fabric& other) {
+    return excluded.count(other.provider()) == 0;
+  });
+  if (!another || bounds.Cancelled() || Clock::now() + kLeaseMargin > bounds.deadline) return;
+  for (PullJob* job : again) {
+    const std::string object_id = job->result->object_id();
+    job->result->Clear();
+    job->result->set_object_id(object_id);
+    job->lease.Clear();
+    job->leased = false;
+    job->remote.clear();
+    job->rail_remote.clear();
+    job->transfer = fabric::Transfer();
+    job->rails_used = 0;
+    job->fabric_failed = false;
+  }
+  RF_LOG(kInfo, again.size() << " object(s) from " << source << " failed over " << fab->provider()
+                             << ": trying the next provider both nodes have");
+  PullFromSource(source, again, bounds, std::move(excluded));
 }
 
 void Agent::QueueRelease(const std::string& source, v1::ReleaseRequest request) {
@@ -1286,10 +1479,17 @@ v1::StatusReply Agent::GetStatus() const {
   s.set_bytes_leased(bytes_leased_);
   fabric::EngineStats stats;
   for (const Fabric& fab : fabrics_) {
-    const fabric::EngineStats one = fab.engine->stats();
-    stats.bytes_read += one.bytes_read;
-    stats.regions_registered += one.regions_registered;
-    stats.endpoint_resets += one.endpoint_resets;
+    for (size_t k = 0; k < fab.rails.size(); ++k) {
+      const fabric::EngineStats one = fab.rails[k]->stats();
+      stats.bytes_read += one.bytes_read;
+      stats.regions_registered += one.regions_registered;
+      stats.endpoint_resets += one.endpoint_resets;
+      v1::RailStat* rail = s.add_rails();
+      rail->set_provider(fab.provider());
+      rail->set_domain(fab.rails[k]->profile().domain);
+      rail->set_rail(static_cast<uint32_t>(k + 1));
+      rail->set_bytes_read(one.bytes_read);
+    }
   }
   s.set_fabric_bytes_read(stats.bytes_read);
   s.set_registered_regions(stats.regions_registered);
@@ -1314,8 +1514,18 @@ void Agent::RecordLink(const std::string& source, const v1::LeaseReply& lease_re
   link.set_peer(source);
   if (fab != nullptr) {
     link.set_provider(fab->provider());
-    link.set_domain(fab->engine->profile().domain);
+    link.set_domain(fab->engine().profile().domain);
     link.set_peer_domain(lease_reply.domain());
+  }
+  for (const PullJob* job : jobs) {
+    if (job->rails_used > 0) link.set_rails(static_cast<uint32_t>(job->rails_used));
+  }
+  link.clear_unusable_providers();
+  auto unusable = unusable_.find(source);
+  if (unusable != unusable_.end()) {
+    for (const auto& [provider, until] : unusable->second) {
+      if (until > Clock::now()) link.add_unusable_providers(provider);
+    }
   }
   for (const PullJob* job : jobs) {
     if (job->result->outcome() == v1::PULLED) {

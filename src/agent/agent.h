@@ -82,13 +82,15 @@ class Agent {
   // What a lease exposes (config "exposure"): the whole arena, or the leased object's bytes only
   // through a registration of its own, held in lease_regions_ by lease id until the lease ends.
   enum class Exposure { kArena, kObject };
-  // One fabric this node speaks: its engine, what a lease on it exposes, and the store segments
-  // registered with it (by base; guarded by regions_mu_).
+  // One fabric this node speaks: its engines, one per rail (domain; the first is the provider's
+  // own, the others are further NICs large transfers stripe across), what a lease on it exposes,
+  // and the store segments registered with each rail (by base; guarded by regions_mu_).
   struct Fabric {
-    std::unique_ptr<fabric::Engine> engine;
+    std::vector<std::unique_ptr<fabric::Engine>> rails;
     Exposure exposure = Exposure::kObject;
-    std::map<uint8_t*, Registered> segments;
-    const std::string& provider() const { return engine->profile().provider; }
+    std::vector<std::map<uint8_t*, Registered>> segments;  // per rail
+    fabric::Engine& engine() const { return *rails.front(); }
+    const std::string& provider() const { return engine().profile().provider; }
   };
 
   Agent(AgentOptions options, StorePtr serve_store, StorePtr pull_store,
@@ -107,15 +109,16 @@ class Agent {
   Result<StorePtr> ConnectStore();
   void WatchSegments(plasma::PlasmaClient& store);  // unmapped segments drop their registration
 
-  // The registration of `fab` covering a mapped store segment (registered once, in slices;
-  // dropped on unmap).
-  Result<fabric::RegisteredRange> RegionFor(Fabric& fab, uint8_t* segment_base,
+  // The registration of `fab`'s rail `rail` covering a mapped store segment (registered once, in
+  // slices; dropped on unmap).
+  Result<fabric::RegisteredRange> RegionFor(Fabric& fab, size_t rail, uint8_t* segment_base,
                                             size_t segment_size);
   void OnSegmentUnmapped(const plasma::SegmentInfo& segment);
-  void LeaseBatch(Fabric& fab, v1::LeaseReply& reply, const std::vector<int>& indices,
+  // `rails`: on how many of `fab`'s rails a large object is described (as many as both have).
+  void LeaseBatch(Fabric& fab, size_t rails, v1::LeaseReply& reply, const std::vector<int>& indices,
                   const std::vector<ObjectId>& ids, std::chrono::milliseconds ttl,
                   const std::string& requester);
-  void GrantLease(Fabric& fab, v1::Lease& lease, const ObjectId& id,
+  void GrantLease(Fabric& fab, size_t rails, v1::Lease& lease, const ObjectId& id,
                   const plasma::ObjectBuffer& obj, std::chrono::milliseconds ttl,
                   const std::string& requester, plasma::PlasmaClient& store, uint64_t generation);
   // Unpins a leased object, on the connection it was pinned on if that one still lives.
@@ -136,8 +139,14 @@ class Agent {
                         std::function<bool()> cancelled, ClaimWatch* claims);
   // Reports to an early-answered Pull the jobs that are settled: created here, or finished.
   void Settle(const PullBounds& bounds, const std::vector<PullJob*>& jobs);
+  // `excluded`: providers not to offer the source (they failed with it in this Pull). Objects
+  // whose reads failed on the fabric are pulled again over the next provider both nodes share, if
+  // any, and that provider is skipped with this source for kUnusableFor.
   void PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
-                      const PullBounds& bounds);
+                      const PullBounds& bounds, std::set<std::string> excluded = {});
+  // Providers whose reads from `source` failed lately (skipped until the time noted).
+  std::set<std::string> UnusableWith(const std::string& source);
+  void MarkUnusable(const std::string& source, const std::string& provider, const Status& why);
   // Ends a replica whose read did not succeed: aborted once nothing of the read can land any
   // more; if the engine could not drain it, kept unsealed (out of the store's reuse) until it
   // has, then aborted by the sweeper.
@@ -172,9 +181,10 @@ class Agent {
   LeaseTable leases_;
   PeerClients peers_;
   std::mutex lease_regions_mu_;
-  std::map<uint64_t, fabric::RegisteredRange> lease_regions_;
+  std::map<uint64_t, std::vector<fabric::RegisteredRange>> lease_regions_;  // one per rail
   void DropLeaseRegion(uint64_t lease_id);
 
+  uint64_t stripe_min_ = 0;  // config stripe_min: the least bytes one rail moves of a transfer
   std::chrono::milliseconds default_ttl_;
   std::chrono::milliseconds max_ttl_;
   int64_t create_timeout_ms_ = 10000;
@@ -200,6 +210,9 @@ class Agent {
                   const std::vector<PullJob*>& jobs);
   mutable std::mutex links_mu_;
   std::map<std::string, v1::PeerLink> links_;
+  // Per source, providers whose reads failed at the fabric level (unreachable, timed out), until
+  // when they are not offered to it (guarded by links_mu_).
+  std::map<std::string, std::map<std::string, std::chrono::steady_clock::time_point>> unusable_;
 
   std::atomic<uint64_t> objects_pulled_{0}, bytes_pulled_{0}, pulls_failed_{0},
       pulls_stood_aside_{0}, pulls_already_local_{0}, leases_granted_{0}, leases_released_{0},

@@ -15,9 +15,18 @@ const std::vector<ConfigEntry>& ConfigTable() {
        "each pair of nodes uses the best one both have; single-engine tools use the first. "
        "FI_PROVIDER, if set, also restricts what libfabric offers."},
       {"domain", "RAYFABRIC_DOMAIN", "",
-       "libfabric domain (NIC) name, e.g. 'rxe0', 'mlx5_0', 'eth0', for the providers that offer "
-       "it; empty: the domain holding the node's IP (the agent's --listen host), else the first "
-       "non-loopback one."},
+       "libfabric domain (NIC) names, a comma list, e.g. 'rxe0', 'mlx5_0,mlx5_1', 'eth0', for "
+       "the providers that offer them: the first one a provider offers is its domain, the others "
+       "it offers are further rails (large transfers are striped across them). Empty: the domain "
+       "holding the node's IP (the agent's --listen host), else the first non-loopback one, plus "
+       "on an RDMA provider every other domain of the same fabric (up to max_rails)."},
+      {"max_rails", "RAYFABRIC_MAX_RAILS", "4",
+       "the most domains (NICs) of one RDMA provider a node stripes across when RAYFABRIC_DOMAIN "
+       "does not list them; 1: one NIC per provider. Socket providers use one interface unless "
+       "RAYFABRIC_DOMAIN lists several."},
+      {"stripe_min", "RAYFABRIC_STRIPE_MIN", "4M",
+       "the least bytes one rail moves of a striped transfer: a transfer of n bytes uses at most "
+       "n / stripe_min rails (smaller ones use one)."},
       {"require_rdma", "RAYFABRIC_REQUIRE_RDMA", "false",
        "fail at startup instead of falling back to a non-RDMA provider (tcp, sockets, shm, udp)."},
       {"chunk_size", "RAYFABRIC_CHUNK_SIZE", "4M",

@@ -356,15 +356,22 @@ Result<std::vector<SelectedProvider>> SelectFabrics(const Config& config,
     }
   }
 
-  // RAYFABRIC_DOMAIN applies to every provider that offers it (utility providers like ofi_rxm
-  // over tcp ignore the domain hint and list every domain: enforced here).
-  std::string other_domains;
-  if (!want_domain.empty()) {
-    std::set<std::string> offering;
+  // RAYFABRIC_DOMAIN (a comma list) applies to every provider that offers one of its domains:
+  // that provider keeps exactly the listed domains it offers, the first listed one as its domain
+  // and the others as further rails (utility providers like ofi_rxm over tcp ignore the domain
+  // hint and list every domain: enforced here).
+  const std::vector<std::string> want_domains = SplitList(want_domain);
+  auto listed_at = [&](const std::string& domain) {
+    auto it = std::find(want_domains.begin(), want_domains.end(), domain);
+    return it == want_domains.end() ? -1 : static_cast<int>(it - want_domains.begin());
+  };
+  std::set<std::string> listed_providers;
+  if (!want_domains.empty()) {
     for (const Entry& e : unique) {
-      if (e.candidate.domain == want_domain) offering.insert(e.candidate.provider);
+      if (listed_at(e.candidate.domain) >= 0) listed_providers.insert(e.candidate.provider);
     }
-    if (offering.empty()) {
+    if (listed_providers.empty()) {
+      std::string other_domains;
       for (const Entry& e : unique) {
         other_domains += " " + e.candidate.provider + "/" + e.candidate.domain;
       }
@@ -375,14 +382,23 @@ Result<std::vector<SelectedProvider>> SelectFabrics(const Config& config,
     }
     std::vector<Entry> kept;
     for (Entry& e : unique) {
-      if (offering.count(e.candidate.provider) > 0 && e.candidate.domain != want_domain) continue;
-      if (e.candidate.domain == want_domain) e.domain_why = "requested by RAYFABRIC_DOMAIN";
+      const int at = listed_at(e.candidate.domain);
+      if (listed_providers.count(e.candidate.provider) > 0 && at < 0) continue;
+      if (at >= 0) {
+        e.domain_why = "requested by RAYFABRIC_DOMAIN";
+        e.domain_score = 3 + static_cast<int>(want_domains.size()) - at;  // first listed wins
+      }
       kept.push_back(std::move(e));
     }
     unique = std::move(kept);
   }
+  RF_ASSIGN_OR_RETURN(int64_t max_rails, config.GetInt("max_rails"));
+  if (max_rails < 1 || max_rails > 64) {
+    return InvalidArgument("max_rails must be in [1, 64], got " + std::to_string(max_rails));
+  }
 
   // The best entry of each group; groups ranked by their provider, best first.
+  auto score = [](const Entry& e) { return e.candidate.rank * 1000 + e.domain_score; };
   std::vector<Entry*> chosen;
   for (Entry& e : unique) {
     ProviderCandidate& c = e.candidate;
@@ -398,10 +414,9 @@ Result<std::vector<SelectedProvider>> SelectFabrics(const Config& config,
     }
     auto best = std::find_if(chosen.begin(), chosen.end(),
                              [&](const Entry* o) { return o->group == e.group; });
-    const int score = c.rank * 4 + e.domain_score;
     if (best == chosen.end()) {
       chosen.push_back(&e);
-    } else if (score > (*best)->candidate.rank * 4 + (*best)->domain_score) {
+    } else if (score(e) > score(**best)) {
       *best = &e;
     }
   }
@@ -429,11 +444,52 @@ Result<std::vector<SelectedProvider>> SelectFabrics(const Config& config,
                     "); name one in RAYFABRIC_PROVIDER to use it anyway");
   }
 
+  // Rails: the further domains of each chosen provider. Listed in RAYFABRIC_DOMAIN: exactly those,
+  // in list order. Otherwise, on an RDMA provider, its other non-loopback domains on the same
+  // fabric (several HCAs or EFA devices of one network), up to max_rails; a socket provider's
+  // interfaces are separate networks: one.
+  auto fabric_name = [](const Entry* e) {
+    return std::string(e->info->fabric_attr->name ? e->info->fabric_attr->name : "");
+  };
+  std::vector<std::vector<Entry*>> rails(distinct.size());
+  for (size_t i = 0; i < distinct.size(); ++i) {
+    Entry* primary = distinct[i];
+    rails[i].push_back(primary);
+    const bool listed = listed_providers.count(primary->candidate.provider) > 0;
+    if (!listed && (!primary->candidate.rdma || max_rails <= 1)) continue;
+    std::vector<Entry*> extra;
+    for (Entry& e : unique) {
+      if (&e == primary || e.candidate.provider != primary->candidate.provider) continue;
+      if (!listed &&
+          (IsLoopbackDomain(e.candidate.domain) || fabric_name(&e) != fabric_name(primary)))
+        continue;
+      extra.push_back(&e);
+    }
+    if (listed) {
+      std::stable_sort(extra.begin(), extra.end(), [&](const Entry* a, const Entry* b) {
+        return listed_at(a->candidate.domain) < listed_at(b->candidate.domain);
+      });
+    }
+    for (Entry* e : extra) {
+      if (!listed && rails[i].size() >= static_cast<size_t>(max_rails)) break;
+      e->candidate.verdict =
+          "chosen as rail " + std::to_string(rails[i].size() + 1) + " of " +
+          primary->candidate.provider + " (" +
+          (listed ? "requested by RAYFABRIC_DOMAIN"
+                  : "same fabric " + fabric_name(e) + " as " + primary->candidate.domain) +
+          ")";
+      e->domain_why = e->candidate.verdict.substr(7);
+      rails[i].push_back(e);
+    }
+  }
+
   std::vector<FabricSummary> fabrics;
-  for (const Entry* e : distinct) {
-    fabrics.push_back({e->candidate.provider, e->candidate.domain,
-                       e->info->fabric_attr->name ? e->info->fabric_attr->name : "",
-                       e->candidate.rdma});
+  for (const auto& provider_rails : rails) {
+    for (size_t k = 0; k < provider_rails.size(); ++k) {
+      const Entry* e = provider_rails[k];
+      fabrics.push_back({e->candidate.provider, e->candidate.domain, fabric_name(e),
+                         e->candidate.rdma, static_cast<int>(k)});
+    }
   }
   std::vector<ProviderCandidate> candidates;
   for (Entry& e : unique) {
@@ -456,7 +512,25 @@ Result<std::vector<SelectedProvider>> SelectFabrics(const Config& config,
   }
 
   std::vector<SelectedProvider> out;
-  for (const Entry* e : distinct) {
+  for (const auto& provider_rails : rails) {
+    for (size_t k = 1; k < provider_rails.size(); ++k) {
+      const Entry* e = provider_rails[k];
+      SelectedProvider s;
+      s.report.chosen = ProfileFromInfo(e->info);
+      s.report.candidates = candidates;
+      s.report.fabrics = fabrics;
+      s.report.reason =
+          e->candidate.provider + " on domain " + e->candidate.domain + ": " + e->domain_why;
+      s.rail = static_cast<int>(k);
+      s.info.reset(fi_dupinfo(e->info));
+      out.push_back(std::move(s));
+    }
+  }
+  // Primaries first, each followed by its rails, in rank order.
+  std::vector<SelectedProvider> ordered;
+  size_t next_rail = 0;
+  for (size_t i = 0; i < rails.size(); ++i) {
+    const Entry* e = rails[i].front();
     SelectedProvider s;
     s.report.chosen = ProfileFromInfo(e->info);
     s.report.candidates = candidates;
@@ -476,9 +550,10 @@ Result<std::vector<SelectedProvider>> SelectFabrics(const Config& config,
              ? ""
              : "; NOT RDMA: the CPU copies every byte (socket or shared-memory emulation)");
     s.info.reset(fi_dupinfo(e->info));
-    out.push_back(std::move(s));
+    ordered.push_back(std::move(s));
+    for (size_t k = 1; k < rails[i].size(); ++k) ordered.push_back(std::move(out[next_rail++]));
   }
-  return out;
+  return ordered;
 }
 
 Result<SelectedProvider> SelectProviderInfo(const Config& config, const EngineOptions& options) {
@@ -509,7 +584,10 @@ std::string ProviderReport::ToString() const {
   os << "  access: enforced=" << (p.enforces_access ? "yes" : "NO") << " (" << p.access_note
      << ")\n";
   os << "  fabrics opened by an agent:";
-  for (const auto& f : fabrics) os << " " << f.provider << "/" << f.domain;
+  for (const auto& f : fabrics) {
+    os << " " << f.provider << "/" << f.domain
+       << (f.rail > 0 ? " (rail " + std::to_string(f.rail + 1) + ")" : "");
+  }
   os << "\n";
   for (const auto& c : candidates) {
     os << "  candidate " << c.provider << "/" << c.domain << (c.ip.empty() ? "" : " " + c.ip)
@@ -537,7 +615,7 @@ std::string ProviderReport::ToJson() const {
     const auto& f = fabrics[i];
     os << (i ? "," : "") << "{\"provider\":\"" << JsonEscape(f.provider) << "\",\"domain\":\""
        << JsonEscape(f.domain) << "\",\"fabric\":\"" << JsonEscape(f.fabric)
-       << "\",\"rdma\":" << (f.rdma ? "true" : "false") << "}";
+       << "\",\"rdma\":" << (f.rdma ? "true" : "false") << ",\"rail\":" << f.rail << "}";
   }
   os << "],\"candidates\":[";
   for (size_t i = 0; i < candidates.size(); ++i) {

@@ -14,6 +14,7 @@ namespace rayfabric::fabric {
 struct SelectedProvider {
   ProviderReport report;
   std::unique_ptr<struct fi_info, InfoDeleter> info;  // a copy of the chosen fi_info
+  int rail = 0;  // 0: its provider's domain; 1..: a further domain of the same provider
 };
 
 // Every fabric the configuration asks for, best first (see SelectProvider); the first alone.

@@ -35,6 +35,21 @@ Transfer Transfer::Join(const std::vector<Transfer>& transfers) {
   return joined;
 }
 
+Transfer Transfer::Failed(const std::string& what, Status why) {
+  auto state = std::make_shared<TransferState>();
+  state->what = what;
+  state->Finish(std::move(why), true);
+  return Transfer(std::move(state));
+}
+
+Transfer Transfer::PartlyStarted(std::vector<Transfer> started, const std::string& what,
+                                 const Status& why) {
+  started.push_back(Failed(what, why.WithContext(what + " could not start")));
+  Transfer joined = Join(started);
+  joined.Cancel(what + " could not start: " + why.message());
+  return joined;
+}
+
 Status Transfer::Wait(std::chrono::milliseconds timeout) const {
   if (parts_.empty()) return InvalidArgument("Wait() on an empty Transfer");
   const bool forever = timeout == std::chrono::milliseconds::max();
@@ -191,18 +206,8 @@ Result<Transfer> EngineCore::StartRange(RmaOp op, PeerId peer,
       auto part = Start(op, peer, r.region, slice, {{at, static_cast<size_t>(n), r.offset + done}});
       if (!part.ok()) {
         if (parts.empty()) return part.status();  // nothing posted
-        // What was posted already is cancelled (and drained by the usual rules); a part that
-        // stands for the one that could not start carries the failure, so that the joined
-        // transfer fails even when every posted part had already finished (its bytes are not
-        // the whole range).
-        auto missing = std::make_shared<TransferState>();
-        missing->what = std::string(verb) + " of a later part of the range";
-        missing->Finish(part.status().WithContext("a later part of the range could not start"),
-                        true);
-        parts.emplace_back(missing);
-        Transfer started = Transfer::Join(parts);
-        started.Cancel("a later part of the range could not start: " + part.status().message());
-        return started;
+        return Transfer::PartlyStarted(std::move(parts), "a later part of the range",
+                                       part.status());
       }
       parts.push_back(*part);
       at += n;

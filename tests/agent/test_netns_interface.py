@@ -4,93 +4,34 @@ with `ray start` in their own network namespaces, joined by two veth pairs. The 
 its interface first (before this was fixed every pull went over it). A 64 MiB object pulled from
 node B to node A must cross the first pair: the interfaces' byte counters say which one carried
 it. Then the same with RAYFABRIC_DOMAIN naming the second interface: the bytes move there (the
-counters can tell the two apart).
+counters can tell the two apart). With both interfaces named, they are two rails and a pull
+stripes across both. And a shared provider whose endpoint cannot be reached gives way to the next
+one the two nodes share.
 
 Needs root and `ip netns` (skipped otherwise, with the reason). Namespaces do not isolate PIDs:
 Ray's processes are stopped by the namespaces' own PID lists, never by `ray stop`."""
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-import time
 
 import pytest
 
-PY = sys.executable
-NS = ("rfnsA", "rfnsB")
-RAY_NET = ("198.51.100.1", "198.51.100.2")    # first pair: Ray's network
-SIDE_NET = ("203.0.113.1", "203.0.113.2")     # second pair, created later
-IFACES = {"rfnsA": ("rfa0", "rfa1"), "rfnsB": ("rfb0", "rfb1")}
+from rayfabric import netns
+
 MiB = 1 << 20
-
-
-def sh(*args, check=True, timeout=120, env=None):
-    out = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, env=env)
-    if check and out.returncode != 0:
-        raise AssertionError(f"{args} -> {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    return out
-
-
-def in_ns(ns, *args, **kw):
-    return sh("ip", "netns", "exec", ns, *args, **kw)
-
-
-def kill_namespace(ns):
-    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(int(pid), sig)
-            except (ProcessLookupError, ValueError):
-                pass
-        time.sleep(1.0 if sig == signal.SIGTERM else 0)
-        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-        if not pids:
-            break
-
-
-def teardown():
-    for ns in NS:
-        kill_namespace(ns)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 @pytest.fixture(scope="module")
 def two_namespaces():
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and iproute2 (ip netns)")
-    teardown()
-    probe = subprocess.run(["ip", "netns", "add", NS[0]], capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip(f"cannot create network namespaces here: {probe.stderr.strip()}")
-    sh("ip", "netns", "add", NS[1])
+    why = netns.NetnsPair.available()
+    if why:
+        pytest.skip(why)
+    pair = netns.NetnsPair(links=2, store_bytes=300 * MiB)
     try:
         # Ray's pair first, then the side pair: libfabric lists the newer interface first.
-        for (a, b), (ip_a, ip_b) in (((IFACES[NS[0]][0], IFACES[NS[1]][0]), RAY_NET),
-                                     ((IFACES[NS[0]][1], IFACES[NS[1]][1]), SIDE_NET)):
-            sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
-            sh("ip", "link", "set", a, "netns", NS[0])
-            sh("ip", "link", "set", b, "netns", NS[1])
-            in_ns(NS[0], "ip", "addr", "add", f"{ip_a}/24", "dev", a)
-            in_ns(NS[1], "ip", "addr", "add", f"{ip_b}/24", "dev", b)
-            in_ns(NS[0], "ip", "link", "set", a, "up")
-            in_ns(NS[1], "ip", "link", "set", b, "up")
-        for ns in NS:
-            in_ns(ns, "ip", "link", "set", "lo", "up")
-        tmp = tempfile.mkdtemp(prefix="rf-netns-")
-        env = dict(os.environ, HOME=tmp, RAY_AUTH_MODE="disabled")
-        common = ["--num-cpus", "1", "--object-store-memory", str(300 * MiB), "--disable-usage-stats"]
-        in_ns(NS[0], "ray", "start", "--head", "--node-ip-address", RAY_NET[0], "--port", "6379",
-              "--temp-dir", tmp, "--include-dashboard", "false", "--resources", json.dumps({"nA": 10}),
-              *common, env=env, timeout=180)
-        in_ns(NS[1], "ray", "start", "--address", f"{RAY_NET[0]}:6379", "--node-ip-address", RAY_NET[1],
-              "--resources", json.dumps({"nB": 10}), *common, env=env, timeout=180)
-        yield env
+        yield pair.start()
     finally:
-        teardown()
+        pair.stop()
 
 
 DRIVER = r"""
@@ -131,21 +72,25 @@ print("RESULT " + json.dumps({
     "ok": digest == want, "pulled": pulled, "reasons": reasons,
     "rx": {d: after[d] - before[d] for d in after},
     "domains": {("nA" if i == by_name["nA"] else "nB"): [f["domain"] for f in s["fabrics"]]
-                for i, s in status.items()}}))
+                for i, s in status.items()},
+    "rail_domains": {("nA" if i == by_name["nA"] else "nB"): [f["rail_domains"] for f in s["fabrics"]]
+                     for i, s in status.items()},
+    "link_rails": [l["rails"] for l in status[by_name["nA"]]["peer_links"]],
+    "rail_bytes": {r["domain"]: r["bytes_read"] for r in status[by_name["nA"]]["rails"]}}))
 rayfabric.shutdown()
 """
 
 
-def run_driver(env, node_env):
-    out = in_ns(NS[0], PY, "-c", DRIVER, f"{RAY_NET[0]}:6379", json.dumps(node_env), env=env, timeout=400)
-    line = next(l for l in out.stdout.splitlines() if l.startswith("RESULT "))
+def run_driver(pair, node_env):
+    out = pair.run_driver(DRIVER, json.dumps(node_env), timeout=400,
+                          extra_env={"PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+                                     "RAYFABRIC_BIN_DIR": os.environ.get("RAYFABRIC_BIN_DIR", "")})
+    line = next(l for l in out.splitlines() if l.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])
 
 
 def test_pulls_use_the_interface_of_the_nodes_ray_ip(two_namespaces):
-    env = dict(two_namespaces, PYTHONPATH=os.environ.get("PYTHONPATH", ""),
-               RAYFABRIC_BIN_DIR=os.environ.get("RAYFABRIC_BIN_DIR", ""))
-    result = run_driver(env, {})
+    result = run_driver(two_namespaces, {})
     assert result["ok"] and result["pulled"] == 1, result
     # No RAYFABRIC_DOMAIN: each agent chose the interface holding its node's IP.
     assert result["domains"] == {"nA": ["rfa0"], "nB": ["rfb0"]}, result
@@ -153,8 +98,97 @@ def test_pulls_use_the_interface_of_the_nodes_ray_ip(two_namespaces):
     assert result["rx"]["rfa1"] < 1 * MiB, result
 
     # The counters tell the links apart: with the side interfaces named, the bytes move there.
-    result = run_driver(env, {"nA": {"RAYFABRIC_DOMAIN": "rfa1"}, "nB": {"RAYFABRIC_DOMAIN": "rfb1"}})
+    result = run_driver(two_namespaces, {"nA": {"RAYFABRIC_DOMAIN": "rfa1"}, "nB": {"RAYFABRIC_DOMAIN": "rfb1"}})
     assert result["ok"] and result["pulled"] == 1, result
     assert result["domains"] == {"nA": ["rfa1"], "nB": ["rfb1"]}, result
     assert result["rx"]["rfa1"] >= 64 * MiB, result
     assert result["rx"]["rfa0"] < 16 * MiB, result
+
+
+def test_listed_interfaces_are_rails_and_a_large_pull_stripes_across_both(two_namespaces):
+    """Both interfaces of each node named: two rails of tcp;ofi_rxm. A 64 MiB pull is read in two
+    stripes, one per link (rail 1 with rail 1, rail 2 with rail 2): each interface carries half."""
+    result = run_driver(two_namespaces, {"nA": {"RAYFABRIC_DOMAIN": "rfa0,rfa1"}, "nB": {"RAYFABRIC_DOMAIN": "rfb0,rfb1"}})
+    assert result["ok"] and result["pulled"] == 1, result
+    assert result["domains"] == {"nA": ["rfa0"], "nB": ["rfb0"]}, result
+    assert result["rail_domains"] == {"nA": [["rfa1"]], "nB": [["rfb1"]]}, result
+    assert result["link_rails"] == [2], result
+    # Each link carried its stripe (half of 64 MiB, on a 64 KiB boundary), and each rail's engine
+    # read it.
+    for dev in ("rfa0", "rfa1"):
+        assert 30 * MiB <= result["rx"][dev] <= 40 * MiB, result
+    stored = result["rail_bytes"]["rfa0"] + result["rail_bytes"]["rfa1"]  # data + Ray's metadata
+    assert 64 * MiB <= stored < 64 * MiB + 4096, result
+    assert abs(result["rail_bytes"]["rfa0"] - stored / 2) <= 64 << 10, result
+
+
+UNREACHABLE_DRIVER = r"""
+import hashlib, json, subprocess, sys, time
+import numpy as np, ray, rayfabric
+ray.init(address=sys.argv[1], logging_level="ERROR")
+nodes = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
+by_name = {("nA" if "nA" in n["Resources"] else "nB"): i for i, n in nodes.items()}
+both = {"RAYFABRIC_PROVIDER": "tcp;ofi_rxm,sockets", "RAYFABRIC_OP_TIMEOUT_MS": "3000",
+        "RAYFABRIC_DRAIN_TIMEOUT_MS": "1000"}
+rayfabric.init(node_env={by_name["nA"]: both, by_name["nB"]: both}, watch_new_nodes=False)
+status = rayfabric.status()["agents"]
+tcp = next(f for f in status[by_name["nB"]]["fabrics"] if f["provider"] == "tcp;ofi_rxm")
+address = bytes.fromhex(tcp["address"])  # a sockaddr_in: family, port (network order), IPv4
+port = int.from_bytes(address[2:4], "big")
+assert address[4:8] == bytes([198, 51, 100, 2]), address.hex()
+# Node B's tcp endpoint becomes unreachable: its port dropped on the way in (sockets' is not).
+for cmd in (["add", "table", "inet", "rftest"],
+            ["add", "chain", "inet", "rftest", "in", "{ type filter hook input priority 0 ; }"],
+            ["add", "rule", "inet", "rftest", "in", "tcp", "dport", str(port), "drop"]):
+    subprocess.run(["ip", "netns", "exec", "rfnsB", "nft", *cmd], check=True)
+
+@ray.remote(num_cpus=0, resources={"nB": 0.01})
+def make(seed):
+    return np.random.default_rng(seed).integers(0, 256, size=8 << 20, dtype=np.uint8)
+
+@ray.remote(num_cpus=0, resources={"nA": 0.01})
+def fetch(refs):
+    import rayfabric as rf
+    before = rf.stats()
+    t0 = time.monotonic()
+    v = rf.get(refs[0], timeout=120)
+    seconds = time.monotonic() - t0
+    after = rf.stats()
+    return (hashlib.sha256(v.tobytes()).hexdigest(), after["objects_pulled"] - before["objects_pulled"],
+            seconds, after["fallback_reasons"])
+
+out = []
+for seed in (1, 2):
+    ref = make.remote(seed)
+    ray.wait([ref], fetch_local=False, timeout=120)
+    digest, pulled, seconds, reasons = ray.get(fetch.remote([ref]), timeout=300)
+    want = hashlib.sha256(np.random.default_rng(seed).integers(0, 256, size=8 << 20, dtype=np.uint8).tobytes()).hexdigest()
+    out.append({"ok": digest == want, "pulled": pulled, "seconds": seconds, "reasons": reasons})
+links = rayfabric.status()["agents"][by_name["nA"]]["peer_links"]
+print("RESULT " + json.dumps({"pulls": out, "links": [
+    {"provider": l["provider"], "unusable": list(l["unusable_providers"]), "objects": l["objects_pulled"]}
+    for l in links]}))
+rayfabric.shutdown()
+"""
+
+
+def test_a_shared_provider_that_cannot_reach_the_source_gives_way_to_the_next(two_namespaces):
+    """Both nodes speak tcp;ofi_rxm and sockets, but the source's tcp endpoint is unreachable (its
+    port dropped by an nftables rule on the way in): the first pull fails over tcp after one op
+    timeout and is read again over sockets at once; the next pull goes straight to sockets."""
+    if shutil.which("nft") is None:
+        pytest.skip("needs nft (Debian package nftables; scripts/setup.sh installs it)")
+    try:
+        out = two_namespaces.run_driver(
+            UNREACHABLE_DRIVER, timeout=400,
+            extra_env={"PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+                       "RAYFABRIC_BIN_DIR": os.environ.get("RAYFABRIC_BIN_DIR", "")})
+    finally:
+        netns.in_ns(netns.NAMESPACES[1], "nft", "delete", "table", "inet", "rftest", check=False)
+    result = json.loads(next(l for l in out.splitlines() if l.startswith("RESULT "))[len("RESULT "):])
+    first, second = result["pulls"]
+    assert first["ok"] and first["pulled"] == 1 and not first["reasons"], result
+    assert second["ok"] and second["pulled"] == 1 and not second["reasons"], result
+    assert first["seconds"] >= 2.5, result          # one op timeout (3 s) on tcp first
+    assert second["seconds"] < first["seconds"] - 2, result  # then sockets at once
+    assert result["links"] == [{"provider": "sockets", "unusable": ["tcp;ofi_rxm"], "objects": 2}], result

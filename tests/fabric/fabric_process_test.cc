@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -365,6 +366,208 @@ TEST_F(FabricProcessTest, RangeAcrossSlicesOnBothSidesMovesEveryByte) {
   auto refused = Engine::Open(small);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("max_registration"), std::string::npos);
+}
+
+// The rails of the striping test: RAYFABRIC_TEST_RAILS="a0,a1;b0,b1" (this process's domains,
+// then the peer's: e.g. "rxe0,rxe2;rxe1,rxe3" in the Soft-RoCE guest, two rxe devices per side on
+// two links), else the first two domains this provider offers here, for both sides (tcp: lo and
+// the Ethernet device). Empty when there are not two.
+std::pair<std::string, std::string> RailDomains() {
+  if (const char* env = std::getenv("RAYFABRIC_TEST_RAILS")) {
+    const std::string s(env);
+    const size_t semi = s.find(';');
+    return semi == std::string::npos ? std::make_pair(s, s)
+                                     : std::make_pair(s.substr(0, semi), s.substr(semi + 1));
+  }
+  const fabric::ProviderReport& report = SharedEngine().report();
+  std::vector<std::string> domains;
+  for (const auto& c : report.candidates) {
+    if (c.provider == report.chosen.provider &&
+        std::find(domains.begin(), domains.end(), c.domain) == domains.end()) {
+      domains.push_back(c.domain);
+    }
+  }
+  if (domains.size() < 2) return {};
+  const std::string list = domains[0] + "," + domains[1];
+  return {list, list};
+}
+
+// Striping: one read spread over two rails (two engines of one provider on two domains, on both
+// sides) moves every byte, each rail its own stripe (the engines' counters say how much each
+// moved); a read too small to stripe stays on the first rail; a rail whose descriptor does not
+// cover its stripe fails the whole transfer.
+TEST_F(FabricProcessTest, StripedReadMovesEachStripeOnItsOwnRail) {
+  constexpr size_t kMiB = 1 << 20;
+  const auto [mine, theirs] = RailDomains();
+  if (mine.empty()) GTEST_SKIP() << "this provider offers one domain here: nothing to stripe over";
+  Config c = TestConfig();
+  ASSERT_TRUE(c.Set("domain", mine).ok());
+  auto opened = Engine::OpenAll(c);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (auto& e : *opened) {
+    if (e->profile().provider == SharedEngine().profile().provider) engines.push_back(std::move(e));
+  }
+  ASSERT_EQ(engines.size(), 2U) << "domains " << mine;
+  const size_t size = std::min<uint64_t>(MaxBytes(), 32 * kMiB) + 12345;
+  auto peer = std::make_unique<PeerProcess>(g_self, size, 41, "RAYFABRIC_DOMAIN=" + theirs);
+  ASSERT_TRUE(peer->ready()) << peer->error();
+  const std::string line = peer->Command("RAILS");
+  std::istringstream in(line);
+  std::string word;
+  size_t n = 0;
+  in >> word >> n;
+  ASSERT_EQ(word, "RAILS") << line;
+  ASSERT_EQ(n, 2U) << line;
+  std::vector<std::vector<fabric::RemoteSlice>> remote(2);
+  std::vector<fabric::RegisteredRange> local(2);
+  std::vector<fabric::Rail> rails(2);
+  Buffer buf(size);
+  for (size_t i = 0; i < 2; ++i) {
+    std::string address_hex, region_hex;
+    in >> address_hex >> region_hex;
+    auto address = fabric::FabricAddress::Parse(*HexToBytes(address_hex));
+    auto region = fabric::RemoteRegion::Parse(*HexToBytes(region_hex));
+    ASSERT_TRUE(address.ok() && region.ok()) << line;
+    auto id = engines[i]->AddPeer(*address);
+    ASSERT_TRUE(id.ok()) << id.status();
+    remote[i] = {{*region, 0, size}};
+    auto range = engines[i]->RegisterRange(buf.data(), size, fabric::kLocalRead);
+    ASSERT_TRUE(range.ok()) << range.status();
+    local[i] = *range;
+    rails[i] = {engines[i].get(), *id, &remote[i], &local[i]};
+  }
+  EXPECT_EQ(fabric::RailsFor(size, 2, 4 * kMiB), 2U);
+  EXPECT_EQ(fabric::RailsFor(5 * kMiB, 2, 4 * kMiB), 1U);
+  EXPECT_EQ(fabric::RailsFor(5 * kMiB, 1, 0), 1U);
+
+  std::memset(buf.data(), 0, size);
+  auto t = fabric::StartStriped(RmaOp::kRead, rails, buf.data(), size, 4 * kMiB);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE(t->Wait().ok());
+  EXPECT_EQ(t->bytes(), size);
+  EXPECT_LT(FirstMismatch(buf.data(), size, 41), 0);
+  const uint64_t first = engines[0]->stats().bytes_read;
+  const uint64_t second = engines[1]->stats().bytes_read;
+  EXPECT_EQ(first + second, size);
+  EXPECT_EQ(first % (64 << 10), 0U) << "the stripe boundary falls on 64 KiB";
+  EXPECT_GT(first, size / 2 - (64 << 10));
+  EXPECT_LE(first, size / 2);
+
+  // Too small to stripe: the first rail alone.
+  std::memset(buf.data(), 0, size);
+  std::vector<fabric::RemoteSlice> head = {{remote[0][0].region, 0, 3 * kMiB}};
+  std::vector<fabric::Rail> small = rails;
+  small[0].remote = &head;
+  auto one = fabric::StartStriped(RmaOp::kRead, small, buf.data(), 3 * kMiB, 4 * kMiB);
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE(one->Wait().ok());
+  EXPECT_EQ(engines[0]->stats().bytes_read, first + 3 * kMiB);
+  EXPECT_EQ(engines[1]->stats().bytes_read, second);
+  EXPECT_LT(FirstMismatch(buf.data(), 3 * kMiB, 41), 0);
+
+  // The second rail's descriptor covers only half of the range: its stripe cannot start, and the
+  // transfer fails even though the first stripe was posted.
+  std::vector<fabric::RemoteSlice> short_remote = {{remote[1][0].region, 0, size / 2}};
+  std::vector<fabric::Rail> broken = rails;
+  broken[1].remote = &short_remote;
+  auto failed = fabric::StartStriped(RmaOp::kRead, broken, buf.data(), size, 4 * kMiB);
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  const Status s = failed->Wait();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("stripe 2 of 2"), std::string::npos) << s;
+  EXPECT_TRUE(failed->Quiesced());
+}
+
+// Nodes with different provider sets: each case is "MINE|THEIRS|SHARED" (provider lists, each
+// optionally followed by "@DOMAINS" for RAYFABRIC_DOMAIN, and the provider the pair must use;
+// empty: none shared), cases separated by spaces, from
+// RAYFABRIC_TEST_MIXED (the Soft-RoCE guest: a verbs+tcp node with a tcp-only node, and two
+// verbs+tcp nodes), else tcp+sockets against sockets only, against tcp+sockets, and tcp only
+// against sockets only. The peer is another process that opens its fabrics as an agent would;
+// this side picks the fabric both have (the agent's rule), reads over it and checks every byte.
+TEST_F(FabricProcessTest, MixedNodesReadOverTheBestProviderTheyShare) {
+  constexpr size_t kSize = (4 << 20) + 333;
+  const char* env = std::getenv("RAYFABRIC_TEST_MIXED");
+  std::istringstream cases(env ? env
+                               : "tcp;ofi_rxm,sockets|sockets|sockets "
+                                 "tcp;ofi_rxm,sockets|tcp;ofi_rxm,sockets|tcp;ofi_rxm "
+                                 "tcp;ofi_rxm|sockets|");
+  int ran = 0;
+  for (std::string one; cases >> one; ++ran) {
+    const size_t bar1 = one.find('|'), bar2 = one.rfind('|');
+    ASSERT_TRUE(bar1 != std::string::npos && bar2 > bar1) << one;
+    auto split = [](const std::string& side) {
+      const size_t at = side.find('@');
+      return at == std::string::npos ? std::make_pair(side, std::string())
+                                     : std::make_pair(side.substr(0, at), side.substr(at + 1));
+    };
+    const auto [mine, my_domains] = split(one.substr(0, bar1));
+    const auto [theirs, their_domains] = split(one.substr(bar1 + 1, bar2 - bar1 - 1));
+    const std::string shared = one.substr(bar2 + 1);
+    SCOPED_TRACE(one);
+    Config c = Config::FromEnvironment();
+    ASSERT_TRUE(c.Set("provider", mine).ok());
+    ASSERT_TRUE(c.Set("domain", my_domains).ok());
+    auto opened = Engine::OpenAll(c);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    std::vector<std::string> my_providers;
+    for (const auto& e : *opened) {
+      if (my_providers.empty() || my_providers.back() != e->profile().provider) {
+        my_providers.push_back(e->profile().provider);
+      }
+    }
+    PeerProcess peer(g_self, kSize, 51,
+                     "RAYFABRIC_PROVIDER=" + theirs + " RAYFABRIC_DOMAIN=" + their_domains);
+    ASSERT_TRUE(peer.ready()) << peer.error();
+    std::istringstream in(peer.Command("FABRICS"));
+    std::string word;
+    size_t n = 0;
+    in >> word >> n;
+    ASSERT_EQ(word, "FABRICS");
+    std::vector<fabric::FabricAddress> addresses;
+    std::vector<fabric::RemoteRegion> regions;
+    std::vector<std::string> their_providers;
+    for (size_t i = 0; i < n; ++i) {
+      std::string address_hex, region_hex;
+      in >> address_hex >> region_hex;
+      auto address = fabric::FabricAddress::Parse(*HexToBytes(address_hex));
+      auto region = fabric::RemoteRegion::Parse(*HexToBytes(region_hex));
+      ASSERT_TRUE(address.ok() && region.ok());
+      addresses.push_back(*address);
+      regions.push_back(*region);
+      their_providers.push_back(address->provider);
+    }
+    const int chosen = fabric::ChooseShared(my_providers, their_providers);
+    if (shared.empty()) {
+      EXPECT_EQ(chosen, -1);
+      // And the engines refuse each other's addresses outright.
+      for (const auto& e : *opened) {
+        for (const auto& a : addresses) EXPECT_FALSE(e->AddPeer(a).ok()) << a.Describe();
+      }
+      continue;
+    }
+    ASSERT_GE(chosen, 0);
+    ASSERT_EQ(my_providers[chosen], shared);
+    Engine* engine = nullptr;
+    for (const auto& e : *opened) {
+      if (engine == nullptr && e->profile().provider == shared) engine = e.get();
+    }
+    const size_t theirs_at =
+        static_cast<size_t>(std::find(their_providers.begin(), their_providers.end(), shared) -
+                            their_providers.begin());
+    auto id = engine->AddPeer(addresses[theirs_at]);
+    ASSERT_TRUE(id.ok()) << id.status();
+    Buffer local(kSize);
+    auto region = engine->Register(local.data(), kSize, fabric::kLocalRead);
+    ASSERT_TRUE(region.ok()) << region.status();
+    ASSERT_TRUE(engine->Read(*id, regions[theirs_at], 0, *region, local.data(), kSize).ok());
+    EXPECT_LT(FirstMismatch(local.data(), kSize, 51), 0);
+    std::cerr << "mixed: " << mine << " with " << theirs << ": read " << kSize << " bytes over "
+              << shared << " (" << engine->profile().domain << " -> " << addresses[theirs_at].domain
+              << ")\n";
+  }
+  EXPECT_GT(ran, 0);
 }
 
 // A range whose later part cannot start (here: its local slice was not registered to be read

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -43,10 +44,21 @@ PeerProcess::PeerProcess(const std::string& self, uint64_t size, uint64_t seed,
   std::vector<std::string> args = {
       self, "--peer", "--size", std::to_string(size), "--seed", std::to_string(seed)};
   if (read_only) args.emplace_back("--read-only");
-  std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  // This process's environment, with the extra variables replacing any of the same name (getenv
+  // would return the first).
+  std::vector<std::string> extra_vars;
   std::istringstream extra(extra_env);
-  for (std::string kv; extra >> kv;) env.push_back(kv);
+  for (std::string kv; extra >> kv;) extra_vars.push_back(kv);
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv(*e);
+    const std::string name = kv.substr(0, kv.find('=') + 1);
+    if (std::none_of(extra_vars.begin(), extra_vars.end(),
+                     [&](const std::string& x) { return x.rfind(name, 0) == 0; })) {
+      env.push_back(kv);
+    }
+  }
+  env.insert(env.end(), extra_vars.begin(), extra_vars.end());
   std::vector<char*> argv, envp;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -162,6 +174,8 @@ int PeerMain(int argc, char** argv) {
   std::shared_ptr<fabric::MemoryRegion> mr = std::move(*region);
   std::cout << "READY " << BytesToHex((*engine)->Address().Serialize()) << " "
             << BytesToHex(mr->Describe().Serialize()) << std::endl;
+  std::vector<std::unique_ptr<fabric::Engine>> extra_engines;  // RAILS, FABRICS: open until QUIT
+  std::vector<std::shared_ptr<fabric::MemoryRegion>> extra_regions;
   for (std::string line; std::getline(std::cin, line);) {
     std::istringstream in(line);
     std::string cmd;
@@ -181,6 +195,32 @@ int PeerMain(int argc, char** argv) {
       in >> off >> len >> s;
       int64_t bad = off + len <= size ? FirstMismatch(buffer->data() + off, len, s) : 0;
       std::cout << (bad < 0 ? std::string("OK") : "BAD " + std::to_string(bad)) << std::endl;
+    } else if (cmd == "FABRICS" || cmd == "RAILS") {
+      // FABRICS: every engine an agent would open here (RAYFABRIC_PROVIDER, RAYFABRIC_DOMAIN),
+      // best first; RAILS: those of this peer's provider only (its rails, in order). The buffer
+      // is registered with each: "FABRICS|RAILS n ADDRESS REGION ...".
+      auto opened = fabric::Engine::OpenAll(config, options);
+      if (!opened.ok()) {
+        std::cout << "ERROR " << opened.status().ToString() << std::endl;
+        continue;
+      }
+      std::string out;
+      size_t n = 0;
+      for (auto& e : *opened) {
+        if (cmd == "RAILS" && e->profile().provider != (*engine)->profile().provider) continue;
+        auto registered = e->Register(buffer->data(), size, access);
+        if (!registered.ok()) {
+          out = "ERROR " + registered.status().ToString();
+          break;
+        }
+        out += " " + BytesToHex(e->Address().Serialize()) + " " +
+               BytesToHex((*registered)->Describe().Serialize());
+        extra_regions.push_back(std::move(*registered));
+        extra_engines.push_back(std::move(e));
+        ++n;
+      }
+      std::cout << (out.rfind("ERROR", 0) == 0 ? out : cmd + " " + std::to_string(n) + out)
+                << std::endl;
     } else if (cmd == "FILL") {
       uint64_t s = 0;
       in >> s;

@@ -126,6 +126,69 @@ TEST(ProviderSelection, TheDomainAppliesWhereItIsOffered) {
   EXPECT_EQ(report->fabrics[1].domain, "shm");
 }
 
+// The domains a provider offers here (tcp;ofi_rxm: at least lo and the Ethernet device).
+std::vector<std::string> OfferedDomains(const std::string& provider) {
+  std::vector<std::string> out;
+  auto all = SelectProvider(WithProvider(provider));
+  EXPECT_TRUE(all.ok()) << all.status();
+  if (!all.ok()) return out;
+  for (const ProviderCandidate& c : all->candidates) {
+    if (c.provider == provider) out.push_back(c.domain);
+  }
+  return out;
+}
+
+// Several listed domains of one provider are its rails, in list order (the first is its domain);
+// the report says so for each.
+TEST(ProviderSelection, ListedDomainsBecomeRailsInListOrder) {
+  const std::vector<std::string> domains = OfferedDomains("tcp;ofi_rxm");
+  if (domains.size() < 2) GTEST_SKIP() << "tcp;ofi_rxm offers one domain here";
+  for (const std::string& list : {domains[0] + "," + domains[1], domains[1] + "," + domains[0]}) {
+    auto report = SelectProvider(WithProvider("tcp;ofi_rxm", list));
+    ASSERT_TRUE(report.ok()) << list << ": " << report.status();
+    ASSERT_EQ(report->fabrics.size(), 2U) << report->ToString();
+    const std::string first = list.substr(0, list.find(','));
+    const std::string second = list.substr(list.find(',') + 1);
+    EXPECT_EQ(report->chosen.domain, first);
+    EXPECT_EQ(report->fabrics[0].domain, first);
+    EXPECT_EQ(report->fabrics[0].rail, 0);
+    EXPECT_EQ(report->fabrics[1].domain, second);
+    EXPECT_EQ(report->fabrics[1].rail, 1);
+    EXPECT_NE(report->ToString().find("(rail 2)"), std::string::npos) << report->ToString();
+    bool said = false;
+    for (const ProviderCandidate& c : report->candidates) {
+      if (c.domain == second) {
+        said = c.verdict.find("chosen as rail 2 of tcp;ofi_rxm") == 0;
+        EXPECT_TRUE(said) << c.verdict;
+      }
+    }
+    EXPECT_TRUE(said);
+    // The engines: one per rail, in the same order.
+    auto engines = Engine::OpenAll(WithProvider("tcp;ofi_rxm", list));
+    ASSERT_TRUE(engines.ok()) << engines.status();
+    ASSERT_EQ(engines->size(), 2U);
+    EXPECT_EQ((*engines)[0]->profile().domain, first);
+    EXPECT_EQ((*engines)[1]->profile().domain, second);
+  }
+  // A listed domain nobody offers next to one that is offered: the offered one alone.
+  auto one = SelectProvider(WithProvider("tcp;ofi_rxm", domains[0] + ",nosuch0"));
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->fabrics.size(), 1U) << one->ToString();
+}
+
+// Without a list, a socket provider keeps one interface (its others are other networks); only RDMA
+// providers stripe across their further domains of the same fabric by default.
+TEST(ProviderSelection, SocketProvidersGetOneRailByDefault) {
+  auto report = SelectProvider(WithProvider("tcp;ofi_rxm,sockets"));
+  ASSERT_TRUE(report.ok()) << report.status();
+  for (const FabricSummary& f : report->fabrics) EXPECT_EQ(f.rail, 0) << report->ToString();
+  Config bad = WithProvider("tcp;ofi_rxm");
+  ASSERT_TRUE(bad.Set("max_rails", "0").ok());
+  auto refused = SelectProvider(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("max_rails"), std::string::npos) << refused.status();
+}
+
 TEST(ProviderSelection, RequireRdmaWithoutRdmaSaysSo) {
   Config c = WithProvider("");
   ASSERT_TRUE(c.Set("require_rdma", "true").ok());

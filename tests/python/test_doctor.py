@@ -392,10 +392,33 @@ def test_no_hugepages():
 
 
 def test_hugepages_short():
+    # 512 total, 256 free. A 2 GiB store maps 2 GiB + 8 B: 1025 pages.
     (f,) = doctor.check_hugepages(doctor.parse_meminfo(MEMINFO), 2 * GiB, want_huge=True)
     assert (f.severity, f.code) == (ERROR, "hugepages-short")
-    assert "256 x 2 MiB = 512 MiB" in f.message and "at least 1024" in f.fix
-    assert doctor.check_hugepages(doctor.parse_meminfo(MEMINFO), 256 * MiB, want_huge=True) == []
+    assert "maps 1025 hugepages" in f.message and "256 x 2 MiB = 512 MiB" in f.message
+    assert "at least 1281" in f.fix
+    # Ray rounds a store on hugepages up to 1 GiB (+ 8 B): 256 MiB needs 513 pages, not 128.
+    (f,) = doctor.check_hugepages(doctor.parse_meminfo(MEMINFO), 256 * MiB, want_huge=True)
+    assert "maps 513 hugepages" in f.message and "at least 769" in f.fix
+    roomy = doctor.parse_meminfo(MEMINFO.replace("HugePages_Free:      256", "HugePages_Free:      513"))
+    assert doctor.check_hugepages(roomy, 256 * MiB, want_huge=True) == []
+    # Pages reserved by another mapping (a store already running) are not free to take.
+    taken = doctor.parse_meminfo(MEMINFO.replace("HugePages_Free:      256", "HugePages_Free:      513")
+                                 .replace("HugePages_Rsvd:        0", "HugePages_Rsvd:        1"))
+    (f,) = doctor.check_hugepages(taken, 256 * MiB, want_huge=True)
+    assert "but 512 are free and unreserved" in f.message
+    # A store already running on hugepages reserved its pages when it mapped them: however full
+    # it is (few free pages), nothing is short.
+    assert doctor.check_hugepages(doctor.parse_meminfo(MEMINFO), 2 * GiB, want_huge=True, running=True) == []
+
+
+def test_plasma_hugepages_as_ray_maps_them():
+    """Measured on Ray 2.60 (tests/agent/test_hugepages_real_ray.py): create_and_mmap_buffer(1073741832)
+    for a 256 MiB and a 512 MiB store; 2 MiB pages -> 513; the raylet's logged mapping gives the same."""
+    for store in (256 * MiB, 512 * MiB, 1 * GiB, 1073741832):
+        assert doctor.plasma_hugepages(store, 2 * MiB) == 513, store
+    assert doctor.plasma_hugepages(1536 * MiB, 2 * MiB) == 1025
+    assert doctor.plasma_hugepages(256 * MiB, 1 * GiB) == 2   # 1 GiB pages: 1 GiB + 8 B -> two
 
 
 # --------------------------------------------------------------------- Ray / engine hook

@@ -2,9 +2,11 @@
 # verbs-suite.sh BUILD_DIR - rayfabric's real-RDMA test suite (meson suite `verbs`).
 #
 # Boots ONE throw-away QEMU guest with Soft-RoCE (run-in-guest.sh beside this file:
-# Debian's 6.1 kernel, rdma_rxe, rxe0 on 10.77.0.1 and rxe1 on 10.77.0.2) and runs
-# inside it, in order:
-#   fi_info        `fi_info -p verbs` must list domains rxe0 and rxe1
+# Debian's 6.1 kernel, rdma_rxe, always SOFTROCE_RAILS=2: rxe0 on 10.77.0.1 and rxe1 on
+# 10.77.0.2 (veth0/veth1), rxe2 on 10.77.1.1 and rxe3 on 10.77.1.2 (veth2/veth3); node A =
+# rxe0 + rxe2, node B = rxe1 + rxe3, for multi-rail checks) and runs inside it, in order:
+#   fi_info        `fi_info -p verbs` must list domains rxe0 and rxe1 (and rxe2, rxe3
+#                  when the guest has 2 rails)
 #   fi_pingpong    `fi_pingpong -p "verbs;ofi_rxm" -e rdm -c` (data checks), server on
 #                  rxe0, client on rxe1 -> 10.77.0.1: a smoke test of the guest itself
 #   doctor         python/rayfabric/doctor.py must find RDMA usable in the guest, and the
@@ -25,7 +27,8 @@
 #   RAYFABRIC_SKIP_VERBS=1  turn "guest cannot start" (no root, no QEMU, no kernel package,
 #                           apt failure...) into exit 77 = skipped, with a SKIPPED banner.
 #                           Failures of checks inside a guest that did start never skip.
-#   VERBS_GTEST_FILTER      gtest filter for fabric_process_test (default '*')
+#   VERBS_GTEST_FILTER      gtest filter for fabric_process_test's main run (default: all but
+#                           the two that fabric_rails and mixed_fabrics run)
 #   VERBS_BENCH_ITERS       rayfabric-bench --iters (default 3)
 #   GUEST_TIMEOUT           whole-guest limit in seconds (default 720, bounds the suite
 #                           < 10 min incl. boot); per-check limits are clamped to what is left
@@ -52,6 +55,8 @@ set -uo pipefail
 PROJECT_CHECKS=(
   'fabric_process_test|330|tests/fabric/fabric_process_test|RAYFABRIC_PROVIDER="verbs;ofi_rxm" RAYFABRIC_TEST_DOMAINS=rxe0,rxe1 RAYFABRIC_TEST_MAX_BYTES=${RAYFABRIC_TEST_MAX_BYTES:-67108864} RAYFABRIC_CHUNK_SIZE=${RAYFABRIC_CHUNK_SIZE:-256K} RAYFABRIC_OP_TIMEOUT_MS=${RAYFABRIC_OP_TIMEOUT_MS:-120000} RAYFABRIC_TEST_TIME_SCALE=${RAYFABRIC_TEST_TIME_SCALE:-8} "$BIN" --gtest_filter="$VERBS_GTEST_FILTER"'
   'stale_key_no_mr_cache|90|tests/fabric/fabric_process_test|out=$(FI_MR_CACHE_MAX_COUNT=0 RAYFABRIC_PROVIDER="verbs;ofi_rxm" RAYFABRIC_TEST_DOMAINS=rxe0,rxe1 "$BIN" --gtest_filter="*ReportsTheProviderItUses:*StaleKeyAfterDeregistrationFails:*ReadOnlyRegionRefusesWrites" 2>&1); rc=$?; printf "%s\n" "$out"; [ "$rc" = 0 ] || exit "$rc"; grep -q "deregistration_revokes_keys=1 mr_cache=0" <<<"$out" || { echo "!!! FI_MR_CACHE_MAX_COUNT=0 but the profile does not say deregistration revokes keys"; exit 1; }; grep -q "enforces_access=1" <<<"$out" || { echo "!!! FI_MR_CACHE_MAX_COUNT=0 but the profile does not say access is enforced (a read-only region refuses writes)"; exit 1; }'
+  'fabric_rails|150|tests/fabric/fabric_process_test|out=$(RAYFABRIC_PROVIDER="verbs;ofi_rxm" RAYFABRIC_TEST_DOMAINS=rxe0,rxe1 RAYFABRIC_TEST_RAILS="rxe0,rxe2;rxe1,rxe3" RAYFABRIC_TEST_MAX_BYTES=16777216 RAYFABRIC_CHUNK_SIZE=${RAYFABRIC_CHUNK_SIZE:-256K} RAYFABRIC_OP_TIMEOUT_MS=${RAYFABRIC_OP_TIMEOUT_MS:-120000} "$BIN" --gtest_filter="*StripedReadMovesEachStripeOnItsOwnRail" 2>&1); rc=$?; printf "%s\n" "$out"; [ "$rc" = 0 ] || exit "$rc"; for d in rxe0 rxe1 rxe2 rxe3; do grep -q "provider verbs;ofi_rxm domain $d" <<<"$out" || { echo "!!! no engine on $d: the stripes did not use both rxe pairs"; exit 1; }; done'
+  'mixed_fabrics|150|tests/fabric/fabric_process_test|out=$(RAYFABRIC_TEST_MIXED="verbs;ofi_rxm,tcp;ofi_rxm@rxe0|tcp;ofi_rxm|tcp;ofi_rxm verbs;ofi_rxm,tcp;ofi_rxm@rxe0|verbs;ofi_rxm,tcp;ofi_rxm@rxe1|verbs;ofi_rxm" RAYFABRIC_CHUNK_SIZE=${RAYFABRIC_CHUNK_SIZE:-256K} RAYFABRIC_OP_TIMEOUT_MS=${RAYFABRIC_OP_TIMEOUT_MS:-120000} "$BIN" --gtest_filter="*MixedNodesReadOverTheBestProviderTheyShare" 2>&1); rc=$?; printf "%s\n" "$out"; [ "$rc" = 0 ] || exit "$rc"; grep -q "^mixed: verbs;ofi_rxm,tcp;ofi_rxm with tcp;ofi_rxm: read .* over tcp;ofi_rxm" <<<"$out" && grep -q "^mixed: verbs;ofi_rxm,tcp;ofi_rxm with verbs;ofi_rxm,tcp;ofi_rxm: read .* over verbs;ofi_rxm (rxe0 -> rxe1)" <<<"$out" || { echo "!!! the pairs did not use tcp (verbs+tcp with tcp only) and verbs (two verbs nodes)"; exit 1; }'
   'rayfabric-bench|150|bench/rayfabric-bench|RAYFABRIC_CHUNK_SIZE=${RAYFABRIC_CHUNK_SIZE:-256K} RAYFABRIC_BENCH_SERVER_DOMAIN=rxe1 "$BIN" --provider "verbs;ofi_rxm" --domain rxe0 --sizes 4K,1M,64M --verify --iters ${VERBS_BENCH_ITERS:-3}'
 )
 # stale_key_no_mr_cache also runs ReadOnlyRegionRefusesWrites without the cache: verbs must then
@@ -84,7 +89,13 @@ PROJECT_CHECKS=(
 if [ "${VERBS_AGENT:-0}" = 1 ]; then
   PROJECT_CHECKS+=('agent_verbs|900|src/agent/rayfabricd|"$SOURCE_ROOT/tests/softroce/agent-verbs.sh" "$BUILD_DIR"')
 fi
-# Every project check must report this provider (substring "provider <this>").
+# fabric_rails: two rxe devices per side (rxe0+rxe2 here, rxe1+rxe3 in the peer process, on two
+# veth pairs: SOFTROCE_RAILS=2), one read striped across both pairs, every byte and each rail's
+# share checked. mixed_fabrics: a verbs+tcp process reads from a tcp-only one (over tcp) and from a
+# verbs+tcp one (over verbs, rxe0 -> rxe1), as two agents pair up; it alone may print tcp lines.
+# Both run outside fabric_process_test's main run (VERBS_GTEST_FILTER's default leaves them out).
+# Every project check must report this provider (substring "provider <this>"); mixed_* checks may
+# report others too.
 EXPECTED_PROVIDER='verbs;ofi_rxm'
 # fi_pingpong message sizes (one server/client pair per size). 1 MiB takes ~46 s on
 # rxe (rxm large-message path, 0.45 MB/s) against ~0.1 s for 64 KiB, so it is left out.
@@ -128,7 +139,9 @@ run_logged() {
 
 check_fi_info() {
     local limit; limit=$(budget_for 60)
-    guest_say "CHECK fi_info: fi_info -p verbs (want domains rxe0 and rxe1) [limit ${limit}s]"
+    local want="" k
+    for ((k = 0; k < 2 * ${SOFTROCE_RAILS:-1}; k++)); do want="$want rxe$k"; done
+    guest_say "CHECK fi_info: fi_info -p verbs (want domains$want) [limit ${limit}s]"
     if [ "$limit" -le 0 ]; then record FAIL fi_info 0 "no time left (GUEST_TIMEOUT)"; return; fi
     local t0 t1; t0=$(guest_up)
     timeout -k 5 "$limit" fi_info -p verbs > "$WORK/fi_info.log" 2>&1
@@ -138,14 +151,14 @@ check_fi_info() {
     awk '/^provider:/{p=$2} /^ *domain:/{d=$2} /^ *type:/{print "  | provider " p "  domain " d "  " $2}' \
         "$WORK/fi_info.log" | sort | uniq -c
     local missing=""
-    for d in rxe0 rxe1; do grep -qE "^ *domain: $d\$" "$WORK/fi_info.log" || missing="$missing $d"; done
+    for d in $want; do grep -qE "^ *domain: $d\$" "$WORK/fi_info.log" || missing="$missing $d"; done
     if [ "$RC" != 0 ]; then
         sed 's/^/  | /' "$WORK/fi_info.log" | tail -20
         record FAIL fi_info "$SECS" "fi_info -p verbs exited $RC"
     elif [ -n "$missing" ]; then
         record FAIL fi_info "$SECS" "verbs domain(s)${missing} not listed (rxe setup failed?)"
     else
-        record PASS fi_info "$SECS" "verbs domains rxe0 rxe1"
+        record PASS fi_info "$SECS" "verbs domains$want"
     fi
 }
 
@@ -233,7 +246,7 @@ check_project() {
         local failed
         failed=$(grep -oE '^\[  FAILED  \] [A-Za-z0-9_/]+\.[A-Za-z0-9_/.]+' "$log" | awk '{print $NF}' | sed 's/^[^.]*\.//' | sort -u | tr '\n' ' ')
         record FAIL "$name" "$SECS" "exit $RC${failed:+; failed: $failed}"
-    elif [ -n "$others" ]; then
+    elif [ -n "$others" ] && [[ "$name" != mixed_* ]]; then
         record FAIL "$name" "$SECS" "ran on another provider: $others(want $EXPECTED_PROVIDER)"
     elif [ -z "$lines" ]; then
         record FAIL "$name" "$SECS" "no 'provider $EXPECTED_PROVIDER' line in its output: cannot tell it used verbs"
@@ -251,9 +264,9 @@ guest_main() {
     GUEST_BUDGET=${VERBS_GUEST_BUDGET:-555}
     GUEST_MEM_SEEN="$(awk '/^MemTotal/{printf "%.1fG", $2/1048576}' /proc/meminfo)"
     export FI_UNIVERSE_SIZE=${FI_UNIVERSE_SIZE:-64}
-    export VERBS_GTEST_FILTER=${VERBS_GTEST_FILTER:-*}
+    export VERBS_GTEST_FILTER=${VERBS_GTEST_FILTER:-*-*MixedNodesReadOverTheBestProviderTheyShare:*StripedReadMovesEachStripeOnItsOwnRail}
     export BUILD_DIR SOURCE_ROOT
-    guest_say "guest up: $(uname -r), rxe: $(ls /sys/class/infiniband 2>/dev/null | tr '\n' ' ')(gid index ${RXE_GID_IDX:-none}); BUILD_DIR=$BUILD_DIR; FI_UNIVERSE_SIZE=$FI_UNIVERSE_SIZE; VERBS_GTEST_FILTER=$VERBS_GTEST_FILTER; budget ${GUEST_BUDGET}s"
+    guest_say "guest up: $(uname -r), rxe: $(ls /sys/class/infiniband 2>/dev/null | tr '\n' ' ')(gid index ${RXE_GID_IDX:-none}; rails ${SOFTROCE_RAILS:-1}); BUILD_DIR=$BUILD_DIR; FI_UNIVERSE_SIZE=$FI_UNIVERSE_SIZE; VERBS_GTEST_FILTER=$VERBS_GTEST_FILTER; budget ${GUEST_BUDGET}s"
     check_fi_info
     check_pingpong
     check_doctor
@@ -285,7 +298,7 @@ cannot_start() {   # cannot_start REASON [FIX]
 
 host_main() {
     if [ $# -ne 1 ] || [ "$1" = -h ] || [ "$1" = --help ]; then
-        sed -n '2,43p' "$SELF" >&2; exit 2
+        sed -n '2,42p' "$SELF" >&2; exit 2
     fi
     local BUILD_DIR
     BUILD_DIR=$(realpath -m -- "$1")
@@ -324,7 +337,8 @@ host_main() {
     echo "=== verbs suite: BUILD_DIR=$BUILD_DIR GUEST_TIMEOUT=${GT}s work=$WORK"
     echo "=== project checks: $(for e in "${PROJECT_CHECKS[@]}"; do printf '%s ' "${e%%|*}"; done)"
     local rc
-    GUEST_TIMEOUT=$GT "$SCRIPT_DIR/run-in-guest.sh" \
+    # SOFTROCE_RAILS=2: a second veth pair with rxe2/rxe3, for the multi-rail checks
+    SOFTROCE_RAILS=2 GUEST_TIMEOUT=$GT "$SCRIPT_DIR/run-in-guest.sh" \
         "bash $(printf %q "$SELF") --in-guest $(printf %q "$BUILD_DIR")" 2>&1 | tee "$WORK/host.out"
     rc=${PIPESTATUS[0]}
     local T1 total; T1=$(date +%s.%N)

@@ -1,0 +1,138 @@
+"""Two Ray nodes on one host that talk only over links of their own: each node is started with
+`ray start` in its own network namespace, and the namespaces are joined by veth pairs, one per
+link, with addresses from documentation ranges (never the host's own networks). The first link
+carries Ray (the nodes' IPs); the others are further interfaces (rails, or a side network). Links
+can be shaped with `tc` to a rate, so that the wire, not this host's CPU, is the bottleneck.
+
+Used by the tests (tests/agent/test_netns_interface.py) and `rayfabric bench --rails`. Needs root
+and iproute2; `NetnsPair.available()` says why not otherwise. Namespaces do not isolate PIDs:
+Ray's processes are stopped by the namespaces' own PID lists, never by `ray stop`."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+MiB = 1 << 20
+NAMESPACES = ("rfnsA", "rfnsB")
+# Link i: node A's device, node B's device, A's address, B's address (/24 each).
+LINKS = (("rfa0", "rfb0", "198.51.100.1", "198.51.100.2"),
+         ("rfa1", "rfb1", "203.0.113.1", "203.0.113.2"),
+         ("rfa2", "rfb2", "198.18.0.1", "198.18.0.2"))
+
+
+def sh(*args, check=True, timeout=120, env=None):
+    out = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, env=env)
+    if check and out.returncode != 0:
+        raise RuntimeError(f"{args} -> {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return out
+
+
+def in_ns(ns, *args, **kw):
+    return sh("ip", "netns", "exec", ns, *args, **kw)
+
+
+def _kill_namespace(ns):
+    def pids():
+        return subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids():
+            try:
+                os.kill(int(pid), sig)
+            except (ProcessLookupError, ValueError):
+                pass
+        if not pids():
+            break
+        time.sleep(1.0 if sig == signal.SIGTERM else 0)
+
+
+def teardown():
+    for ns in NAMESPACES:
+        _kill_namespace(ns)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+class NetnsPair:
+    """Node A (head, resource "nA") and node B (resource "nB"), `links` veth pairs between them.
+    Link 0 is created first and carries Ray; later links are created after it (libfabric lists the
+    newest interface first, which is what the interface tests need)."""
+
+    def __init__(self, links=2, store_bytes=300 * MiB):
+        if not 1 <= links <= len(LINKS):
+            raise ValueError(f"links must be 1..{len(LINKS)}")
+        self.links = LINKS[:links]
+        self.store_bytes = store_bytes
+        self.env = None
+        self.address = f"{LINKS[0][2]}:6379"
+
+    @staticmethod
+    def available():
+        """None if namespaces can be made here, else why not."""
+        if os.geteuid() != 0 or shutil.which("ip") is None:
+            return "needs root and iproute2 (ip netns)"
+        teardown()
+        probe = subprocess.run(["ip", "netns", "add", NAMESPACES[0]], capture_output=True, text=True)
+        subprocess.run(["ip", "netns", "del", NAMESPACES[0]], capture_output=True)
+        return None if probe.returncode == 0 else f"cannot create network namespaces here: {probe.stderr.strip()}"
+
+    def start(self):
+        teardown()
+        for ns in NAMESPACES:
+            sh("ip", "netns", "add", ns)
+        for dev_a, dev_b, ip_a, ip_b in self.links:
+            sh("ip", "link", "add", dev_a, "type", "veth", "peer", "name", dev_b)
+            sh("ip", "link", "set", dev_a, "netns", NAMESPACES[0])
+            sh("ip", "link", "set", dev_b, "netns", NAMESPACES[1])
+            in_ns(NAMESPACES[0], "ip", "addr", "add", f"{ip_a}/24", "dev", dev_a)
+            in_ns(NAMESPACES[1], "ip", "addr", "add", f"{ip_b}/24", "dev", dev_b)
+            in_ns(NAMESPACES[0], "ip", "link", "set", dev_a, "up")
+            in_ns(NAMESPACES[1], "ip", "link", "set", dev_b, "up")
+        for ns in NAMESPACES:
+            in_ns(ns, "ip", "link", "set", "lo", "up")
+        tmp = tempfile.mkdtemp(prefix="rf-netns-")
+        self.env = dict(os.environ, HOME=tmp, RAY_AUTH_MODE="disabled")
+        common = ["--num-cpus", "1", "--object-store-memory", str(self.store_bytes), "--disable-usage-stats"]
+        in_ns(NAMESPACES[0], "ray", "start", "--head", "--node-ip-address", LINKS[0][2], "--port", "6379",
+              "--temp-dir", tmp, "--include-dashboard", "false", "--resources", json.dumps({"nA": 10}),
+              *common, env=self.env, timeout=180)
+        in_ns(NAMESPACES[1], "ray", "start", "--address", self.address, "--node-ip-address", LINKS[0][3],
+              "--resources", json.dumps({"nB": 10}), *common, env=self.env, timeout=180)
+        return self
+
+    def shape(self, rate):
+        """Every link limited to `rate` (tc's units, e.g. "1gbit") in both directions, or unshaped
+        with rate None."""
+        for dev_a, dev_b, _, _ in self.links:
+            for ns, dev in ((NAMESPACES[0], dev_a), (NAMESPACES[1], dev_b)):
+                in_ns(ns, "tc", "qdisc", "del", "dev", dev, "root", check=False)
+                if rate:
+                    # burst: a few ms of the rate (tbf needs at least one MTU per timer tick).
+                    in_ns(ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+                          "burst", "512kb", "latency", "50ms")
+
+    def run_driver(self, code, *args, extra_env=None, timeout=600):
+        """Runs `python -c code args...` in node A's namespace; returns its stdout."""
+        env = dict(self.env, **(extra_env or {}))
+        return in_ns(NAMESPACES[0], sys.executable, "-c", code, self.address, *args, env=env,
+                     timeout=timeout).stdout
+
+    def stop(self):
+        teardown()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def rate_bits(rate):
+    """tc rate text ("1gbit", "500mbit") in bits per second."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12, "bit": 1}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            return float(rate[: -len(unit)]) * scale
+    raise ValueError(f"rate {rate!r}: use e.g. 500mbit, 1gbit, 10gbit")
