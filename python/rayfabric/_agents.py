@@ -80,6 +80,14 @@ class NodeAgent:
     def __init__(self, node_hex, provider=None, env=None):
         self.args = (node_hex, provider, env)
         self._launch(node_hex, provider, env)
+        # The agent's counters in Ray's metrics (rayfabric.metrics), read from it by this process.
+        from rayfabric import metrics
+        interval = float((env or {}).get("RAYFABRIC_METRICS_INTERVAL_S", metrics.INTERVAL_S))
+        self.metrics = metrics.AgentExporter(node_hex, self._status, interval) if interval > 0 else None
+
+    def _status(self):
+        from rayfabric.api import _client
+        return _client(self.record["address"]).status(timeout=5)
 
     def _launch(self, node_hex, provider, env):
         node = next((n for n in ray.nodes() if n["NodeID"] == node_hex and n["Alive"]), None)
@@ -167,6 +175,8 @@ class NodeAgent:
         return self.info()
 
     def stop(self):
+        if self.metrics is not None:
+            self.metrics.stop()
         internal_kv._internal_kv_del(KV_PREFIX + self.record["node_id"], namespace=NAMESPACE)
         if self.proc.poll() is None:
             self.proc.terminate()

@@ -9,6 +9,7 @@ from ray.core.generated import common_pb2
 
 from rayfabric import _agents
 from rayfabric import agent_pb2 as pb
+from rayfabric import metrics
 from rayfabric._client import AgentClient, error_name
 
 log = logging.getLogger("rayfabric")
@@ -122,6 +123,7 @@ def _fallback(reason, count=1):
         _stats["fallbacks"] += count
         first = reason not in _stats["fallback_reasons"]
         _stats["fallback_reasons"][reason] = _stats["fallback_reasons"].get(reason, 0) + count
+    metrics.count_fallback(reason, count)
     if first:
         log.warning("rayfabric: falling back to Ray's object transfer: %s", reason)
 
@@ -276,12 +278,16 @@ def get(refs, timeout=None):
     single = isinstance(refs, ray.ObjectRef)
     lst = [refs] if single else list(refs)
     start = time.monotonic()
+    pulled_before = _stats["objects_pulled"]
     try:
         _pull(lst, timeout)
     except Exception as e:  # noqa: BLE001 - a bug or an unexpected Ray answer: still Ray's path
         _fallback(f"unexpected error before the pull: {type(e).__name__}: {e}", len(lst))
     left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
-    return _ray_get(refs, timeout=left)
+    out = _ray_get(refs, timeout=left)
+    # (With concurrent gets in one process a get may be counted as fabric for another's pull.)
+    metrics.observe_get(time.monotonic() - start, _stats["objects_pulled"] > pulled_before)
+    return out
 
 
 def stats():
