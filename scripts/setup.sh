@@ -11,7 +11,7 @@ DEB_PKGS=(build-essential meson ninja-build pkg-config
           libfabric-dev libfabric-bin libibverbs-dev ibverbs-providers
           libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
           libflatbuffers-dev flatbuffers-compiler libgtest-dev libgmock-dev
-          python3-pip
+          python3-pip pybind11-dev
           nftables)  # nftables: the netns tests make one fabric endpoint unreachable
 missing=()
 for p in "${DEB_PKGS[@]}"; do
@@ -30,6 +30,12 @@ if ! $PY -c "import ray, sys; sys.exit(ray.__version__ != '$RAY_VERSION')" 2>/de
    ! $PY -c "import numpy, pandas, pytest, matplotlib" 2>/dev/null; then
   echo "[setup] pip install ray==$RAY_VERSION numpy pandas pytest matplotlib"
   $PY -m pip install -q "ray[default]==$RAY_VERSION" numpy pandas pytest matplotlib
+fi
+# torch: the RDT tests and `rayfabric bench --tensors` (Ray Direct Transport moves torch tensors).
+# RAYFABRIC_NO_TORCH=1 skips it (~3 GB with its CUDA libraries); those tests then say they skipped.
+if [ "${RAYFABRIC_NO_TORCH:-0}" != 1 ] && ! $PY -c "import torch" 2>/dev/null; then
+  echo "[setup] pip install torch"
+  $PY -m pip install -q torch
 fi
 
 if [ ! -f build/build.ninja ]; then

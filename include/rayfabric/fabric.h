@@ -222,6 +222,15 @@ using PeerId = uint64_t;
 Result<std::vector<RemoteSlice>> SubSlices(const std::vector<RemoteSlice>& slices, uint64_t offset,
                                            uint64_t length);
 
+// The slices that describe all of `range` to a peer, in order.
+std::vector<RemoteSlice> DescribeRange(const RegisteredRange& range);
+// A remote range as bytes, for carriers without a message of their own for it (the Python
+// binding): a 32-bit count, then per slice its offset and length (64-bit) and its region
+// descriptor (32-bit length-prefixed). ParseRemoteRange is strict: truncated or trailing bytes, an
+// empty slice or a slice longer than its region are InvalidArgument.
+std::string SerializeRemoteRange(const std::vector<RemoteSlice>& slices);
+Result<std::vector<RemoteSlice>> ParseRemoteRange(const std::string& bytes);
+
 // One local <-> remote span of a transfer. `local` must lie inside `local_region`.
 struct RmaSpan {
   void* local = nullptr;

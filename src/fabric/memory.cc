@@ -243,3 +243,76 @@ Result<RemoteRegion> RemoteRegion::Parse(const std::string& bytes) {
 }
 
 }  // namespace rayfabric::fabric
+
+namespace rayfabric::fabric {
+
+// ------------------------------------------------------------------------- remote ranges
+
+std::vector<RemoteSlice> DescribeRange(const RegisteredRange& range) {
+  std::vector<RemoteSlice> out;
+  for (const auto& slice : range.slices) out.push_back({slice->Describe(), 0, slice->length()});
+  return out;
+}
+
+namespace {
+
+template <typename T>
+void Append(std::string& out, T value) {
+  out.append(reinterpret_cast<const char*>(&value), sizeof(value));
+}
+
+template <typename T>
+bool Take(const std::string& in, size_t& at, T& value) {
+  if (in.size() - at < sizeof(value)) return false;
+  std::memcpy(&value, in.data() + at, sizeof(value));
+  at += sizeof(value);
+  return true;
+}
+
+}  // namespace
+
+std::string SerializeRemoteRange(const std::vector<RemoteSlice>& slices) {
+  std::string out;
+  Append(out, static_cast<uint32_t>(slices.size()));
+  for (const RemoteSlice& slice : slices) {
+    Append(out, slice.offset);
+    Append(out, slice.length);
+    const std::string region = slice.region.Serialize();
+    Append(out, static_cast<uint32_t>(region.size()));
+    out += region;
+  }
+  return out;
+}
+
+Result<std::vector<RemoteSlice>> ParseRemoteRange(const std::string& bytes) {
+  const auto truncated = [&] {
+    return InvalidArgument("remote range descriptor of " + std::to_string(bytes.size()) +
+                           " bytes is truncated");
+  };
+  size_t at = 0;
+  uint32_t count = 0;
+  if (!Take(bytes, at, count)) return truncated();
+  std::vector<RemoteSlice> out;
+  for (uint32_t i = 0; i < count; ++i) {
+    RemoteSlice slice;
+    uint32_t region_size = 0;
+    if (!Take(bytes, at, slice.offset) || !Take(bytes, at, slice.length) ||
+        !Take(bytes, at, region_size) || bytes.size() - at < region_size) {
+      return truncated();
+    }
+    RF_ASSIGN_OR_RETURN(slice.region, RemoteRegion::Parse(bytes.substr(at, region_size)));
+    at += region_size;
+    if (slice.length == 0 || slice.offset > slice.region.length ||
+        slice.length > slice.region.length - slice.offset) {
+      return InvalidArgument("remote range slice " + std::to_string(i) + " (" +
+                             std::to_string(slice.length) + " bytes at offset " +
+                             std::to_string(slice.offset) + ") does not fit its region of " +
+                             std::to_string(slice.region.length) + " bytes");
+    }
+    out.push_back(std::move(slice));
+  }
+  if (at != bytes.size()) return InvalidArgument("remote range descriptor has trailing bytes");
+  return out;
+}
+
+}  // namespace rayfabric::fabric

@@ -1,0 +1,96 @@
+"""rayfabric._fabric, the engine inside a Python process (what rayfabric.rdt drives), without Ray:
+two engines of this process read each other's registered buffers over a real provider (tcp), and
+every bad input is refused with a FabricError that says what was wrong."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+from rayfabric._native import fabric  # noqa: E402
+
+f = fabric()
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def pair():
+    a = f.open_all({"provider": "tcp", "max_registration": "1M"}, "")[0]
+    b = f.open_all({"provider": "tcp"}, "")[0]
+    return a, b, b.add_peer(a.address())
+
+
+def buffers(n, seed=0):
+    src = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+    return src, np.zeros_like(src)
+
+
+def test_batched_read_across_registration_slices(pair):
+    a, b, peer = pair
+    src, dst = buffers(5 * MiB + 123)  # six 1 MiB slices at the source
+    rs = a.register(src.ctypes.data, src.nbytes, True)
+    rd = b.register(dst.ctypes.data, dst.nbytes, False)
+    half = src.nbytes // 2 + 7  # not on a slice boundary
+    t = b.read(peer, [(rd, 0, rs.describe(), 0, half), (rd, half, rs.describe(), half, src.nbytes - half)])
+    t.wait(30)
+    assert t.done() and t.quiesced() and t.bytes == src.nbytes
+    assert np.array_equal(src, dst)
+    before = a.stats()["regions_registered"]
+    rs.release()
+    assert not rs.registered and a.stats()["regions_registered"] == before - 6
+    with pytest.raises(RuntimeError, match="released"):
+        rs.describe()
+
+
+def test_bad_inputs_are_refused_with_the_reason(pair):
+    a, b, peer = pair
+    src, dst = buffers(4096, seed=1)
+    rs = a.register(src.ctypes.data, src.nbytes, True)
+    rd = b.register(dst.ctypes.data, dst.nbytes, False)
+    desc = rs.describe()
+    cases = [
+        ([(rd, 0, desc[:-3], 0, 10)], "INVALID_ARGUMENT", "truncated"),
+        ([(rd, 0, desc + b"x", 0, 10)], "INVALID_ARGUMENT", "trailing"),
+        ([(rd, 4000, desc, 0, 200)], "OUT_OF_RANGE", "do not fit the local region"),
+        ([(rd, 0, desc, 4000, 200)], "OUT_OF_RANGE", ""),
+        ([(rd, 0, desc, 0)], "INVALID_ARGUMENT", "expected"),
+    ]
+    for items, code, words in cases:
+        with pytest.raises(f.FabricError) as e:
+            b.read(peer, items)
+        assert e.value.code == code, (items, str(e.value))
+        assert words in str(e.value)
+    with pytest.raises(f.FabricError) as e:
+        b.add_peer(b"\x03\x00\x00\x00abc")
+    assert e.value.code == "INVALID_ARGUMENT" and "truncated" in str(e.value)
+    with pytest.raises(f.FabricError) as e:
+        a.register(0, 10, True)
+    assert "empty buffer" in str(e.value)
+    with pytest.raises(f.FabricError) as e:
+        f.open_all({"no_such_setting": "1"}, "")
+    assert "no_such_setting" in str(e.value)
+    released = b.register(dst.ctypes.data, 16, False)
+    released.release()
+    with pytest.raises(f.FabricError, match="released"):
+        b.read(peer, [(released, 0, desc, 0, 16)])
+
+
+def test_a_provider_of_another_kind_is_refused():
+    tcp = f.open_all({"provider": "tcp"}, "")[0]
+    sockets = f.open_all({"provider": "sockets"}, "")[0]
+    with pytest.raises(f.FabricError) as e:
+        tcp.add_peer(sockets.address())
+    assert e.value.code == "INVALID_ARGUMENT" and "sockets" in str(e.value)
+
+
+def test_read_only_registration_refused_where_the_provider_does_not_enforce_access():
+    shm = f.open_all({"provider": "shm"}, "")[0]
+    assert not shm.enforces_access
+    src, _ = buffers(4096)
+    with pytest.raises(f.FabricError) as e:
+        shm.register(src.ctypes.data, src.nbytes, True)
+    assert e.value.code == "PERMISSION_DENIED" and "RAYFABRIC_ALLOW_UNPROTECTED_MEMORY" in str(e.value)
+    shm.register(src.ctypes.data, src.nbytes, False).release()  # a local destination is fine
+    allowed = f.open_all({"provider": "shm", "allow_unprotected_memory": "true"}, "")[0]
+    allowed.register(src.ctypes.data, src.nbytes, True).release()
