@@ -76,6 +76,9 @@ def main(argv=None):
         if "--rails" in rest:  # `rayfabric bench --rails ...`: one rail vs two on shaped links
             from rayfabric import bench_rails
             return bench_rails.main([x for x in rest if x != "--rails"])
+        if "--tensors" in rest:  # `rayfabric bench --tensors ...`: actor-to-actor tensors, RDT
+            from rayfabric import bench_tensors
+            return bench_tensors.main([x for x in rest if x != "--tensors"])
         if "--args" in rest:  # `rayfabric bench --args ...`: the call-argument cases
             from rayfabric import bench_args
             return bench_args.main([x for x in rest if x != "--args"])

@@ -3,7 +3,7 @@ between actors by one-sided fi_read, with the engine running inside each actor's
 (rayfabric._fabric), since tensors live in the actor's heap, not in plasma.
 
     import rayfabric.rdt
-    rayfabric.rdt.enable()              # in the driver, before creating the actors
+    rayfabric.rdt.enable()              # before the actor classes are defined
 
     @ray.remote(enable_tensor_transport=True)
     class Trainer:
@@ -19,6 +19,7 @@ registered tensors while they are registered (never write them: see docs/rdt.md)
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -34,6 +35,8 @@ logger = logging.getLogger(__name__)
 NAME = "RAYFABRIC"
 # Destination tensors of one object share one allocation; each starts at a multiple of this.
 _ALIGN = 64
+# An abort that finds no read in flight fails a receive of that object starting within this time.
+_ABORT_MEMORY_S = 10.0
 
 
 @dataclass
@@ -67,23 +70,27 @@ class _Registration:
 class RayfabricTensorTransport(TensorTransportManager):
     def __init__(self):
         self._lock = threading.RLock()
-        self._engines = None  # this process's engines, one per provider, best first
+        self._engines = {}  # role ("serve", "read") -> engines, one per provider, best first
         self._peers: Dict[Tuple[int, bytes], int] = {}
         self._registrations: Dict[Tuple[int, int], _Registration] = {}
         self._objects: Dict[str, List[Tuple[int, int]]] = {}  # obj_id -> registration keys
         self._inflight: Dict[str, Any] = {}  # obj_id -> transfer being received
-        self._aborted = set()
+        self._aborted: Dict[str, float] = {}  # obj_id -> when Ray aborted it before its read began
         # Destinations of reads that failed without draining: kept so late bytes land in memory
         # nobody else uses (never handed to the user).
         self._undrained = []
+        self._actors_with_transport = set()  # actor ids (hex) whose engines opened
 
     # ------------------------------------------------------------------ the engines
 
-    def engines(self):
-        """Opens this process's fabrics once: the agent's selection (RAYFABRIC_* settings), one
-        engine per provider (further rails of a provider are not used for tensors yet)."""
+    def engines(self, role="serve"):
+        """This process's fabrics, opened once per role: the agent's selection (RAYFABRIC_*
+        settings), one engine per provider, its first domain (max_rails=1: no striping of tensors
+        yet). Serving (registrations peers read) and reading use separate engines: a read that
+        fails without draining resets its engine's endpoint, which changes its address, and the
+        addresses already handed out in RDT metadata must stay valid."""
         with self._lock:
-            if self._engines is None:
+            if role not in self._engines:
                 from rayfabric._native import fabric
                 from rayfabric.doctor import agent_fabric_env
 
@@ -98,20 +105,22 @@ class RayfabricTensorTransport(TensorTransportManager):
                 except Exception:  # noqa: BLE001 - outside a Ray process
                     ip = ""
                 engines, seen = [], set()
-                for engine in module.open_all({}, ip):
-                    if engine.provider in seen:
-                        continue
-                    seen.add(engine.provider)
-                    engines.append(engine)
-                self._engines = engines
-                logger.info("rayfabric RDT engines: %s",
+                for engine in module.open_all({"max_rails": "1"}, ip):
+                    if engine.provider not in seen:
+                        seen.add(engine.provider)
+                        engines.append(engine)
+                self._engines[role] = engines
+                logger.info("rayfabric RDT %s engines: %s", role,
                             ", ".join(f"{e.provider}/{e.domain}" for e in engines))
-            return self._engines
+            return self._engines[role]
 
     def stats(self):
         """Per provider: the engine's counters, and this transport's live registrations."""
         with self._lock:
-            out = {e.provider: e.stats() for e in (self._engines or [])}
+            out = {}
+            for role, engines in self._engines.items():
+                for e in engines:
+                    out[f"{role} {e.provider}"] = e.stats()
             out["registered_buffers"] = len(self._registrations)
             out["objects"] = len(self._objects)
             return out
@@ -139,8 +148,17 @@ class RayfabricTensorTransport(TensorTransportManager):
                 logger.warning("rayfabric RDT transport unavailable in this actor", exc_info=True)
                 return False
 
-        return ray.get(actor.__ray_call__.options(concurrency_group="_ray_system").remote(
+        # Ray asks before every call of a RAYFABRIC method; an actor whose engines opened keeps
+        # them for its life, so one round trip per actor is enough.
+        actor_id = actor._ray_actor_id.hex()
+        if actor_id in self._actors_with_transport:
+            return True
+        ok = ray.get(actor.__ray_call__.options(concurrency_group="_ray_system").remote(
             __rayfabric_available__))
+        if ok:
+            with self._lock:
+                self._actors_with_transport.add(actor_id)
+        return ok
 
     def extract_tensor_transport_metadata(self, obj_id: str, rdt_object: List[Any]) -> RayfabricTransportMetadata:
         import torch
@@ -172,6 +190,8 @@ class RayfabricTensorTransport(TensorTransportManager):
                         for per_fabric in ranges:
                             per_fabric.append(b"")
                         continue
+                    if t.is_conj() or t.is_neg():  # lazy bits: the stored bytes are not the values
+                        t = t.resolve_conj().resolve_neg()
                     if t.device.type == "cuda":
                         # Staged: a pinned host copy taken now, registered for this object alone.
                         # This libfabric has no FI_HMEM_CUDA (rayfabric doctor says whether yours
@@ -192,6 +212,8 @@ class RayfabricTensorTransport(TensorTransportManager):
             except BaseException:
                 self._release(keys)
                 raise
+            # A retried task extracts the same object again: the earlier registrations go.
+            self._release(self._objects.pop(obj_id, []))
             self._objects[obj_id] = keys
             fabrics = [(e.provider, e.address()) for e in engines]
         return RayfabricTransportMetadata(tensor_meta=tensor_meta, tensor_device=device.type if device else None,
@@ -208,7 +230,7 @@ class RayfabricTensorTransport(TensorTransportManager):
         assert isinstance(meta, RayfabricTransportMetadata), type(meta)
         if not meta.tensor_meta:
             return []
-        engine, index = self._shared_engine(meta)
+        engine, index = self._shared_engine(meta, self.engines("read"))
         peer = self._peer(engine, meta.fabrics[index][1])
         to_cuda = meta.tensor_device == "cuda"
         # Where each tensor lands: a CPU target buffer that fits exactly is read into directly;
@@ -247,23 +269,26 @@ class RayfabricTensorTransport(TensorTransportManager):
             else:
                 tensors.append(view if n else torch.empty(shape, dtype=dtype))
         with self._lock:
-            if obj_id in self._aborted:
-                self._aborted.discard(obj_id)
+            aborted_at = self._aborted.pop(obj_id, None)
+            if aborted_at is not None and time.monotonic() - aborted_at < _ABORT_MEMORY_S:
                 raise RuntimeError(f"rayfabric: the transfer of {obj_id} was aborted")
-            transfer = engine.read(peer, items)
-            self._inflight[obj_id] = transfer
+            transfer = engine.read(peer, items) if items else None
+            if transfer is not None:
+                self._inflight[obj_id] = transfer
         try:
-            transfer.wait()
+            if transfer is not None:
+                transfer.wait()
         except Exception as e:
-            if not transfer.wait_quiesced(30):
-                with self._lock:
-                    self._undrained.append((transfer, slab, slab_region, regions, tensors))
             raise RuntimeError(f"rayfabric: reading {obj_id} ({sum(meta.nbytes)} bytes in {len(items)} tensors) "
                                f"from {engine.provider} peer failed: {e}") from e
         finally:
             with self._lock:
                 self._inflight.pop(obj_id, None)
-                self._aborted.discard(obj_id)
+                self._undrained = [u for u in self._undrained if not u[0].quiesced()]
+                if transfer is not None and not transfer.quiesced():
+                    # Operations still out (a provider that could not drain them): the memory
+                    # they may write stays referenced here, never reused.
+                    self._undrained.append((transfer, slab, slab_region, regions, tensors))
         for region in regions:
             region.release()
         if slab_region is not None:
@@ -271,8 +296,8 @@ class RayfabricTensorTransport(TensorTransportManager):
         for out, view in copies:
             if view is not None:
                 out.copy_(view, non_blocking=True)
-        if copies and torch.cuda.is_available():
-            torch.cuda.synchronize()
+        for device in {out.device for out, _ in copies if out.device.type == "cuda"}:
+            torch.cuda.synchronize(device)
         return tensors
 
     def send_multiple_tensors(self, tensors, tensor_transport_metadata, communicator_metadata):
@@ -286,7 +311,8 @@ class RayfabricTensorTransport(TensorTransportManager):
         with self._lock:
             transfer = self._inflight.get(obj_id)
             if transfer is None:
-                self._aborted.add(obj_id)  # the receive has not started (or is over)
+                # Not started yet (or over): a receive that begins soon after fails at once.
+                self._aborted[obj_id] = time.monotonic()
                 return
         transfer.cancel("aborted by Ray (abort_transport)")
 
@@ -303,9 +329,8 @@ class RayfabricTensorTransport(TensorTransportManager):
                     region.release()
                 del self._registrations[key]
 
-    def _shared_engine(self, meta):
+    def _shared_engine(self, meta, engines):
         theirs = [provider for provider, _ in meta.fabrics or []]
-        engines = self.engines()
         for engine in engines:
             if engine.provider in theirs:
                 return engine, theirs.index(engine.provider)

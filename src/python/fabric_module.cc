@@ -5,7 +5,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -74,17 +76,23 @@ T Take(Result<T> result) {
   return std::move(result).value();
 }
 
+// Seconds from Python (None: no limit) as a bound the engine's deadline arithmetic cannot overflow:
+// at most a year.
 std::chrono::milliseconds ToMillis(const py::object& timeout_s) {
-  if (timeout_s.is_none()) return std::chrono::milliseconds::max();
+  constexpr double kYearS = 365.0 * 24 * 3600;
+  if (timeout_s.is_none()) return std::chrono::milliseconds(static_cast<int64_t>(kYearS * 1000));
   const double s = timeout_s.cast<double>();
-  return std::chrono::milliseconds(s <= 0 ? 0 : static_cast<int64_t>(s * 1000.0));
+  if (std::isnan(s)) Check(InvalidArgument("timeout_s is NaN"));
+  return std::chrono::milliseconds(static_cast<int64_t>(std::clamp(s, 0.0, kYearS) * 1000.0));
 }
 
 // A registered buffer: all of [address, address+length), in slices as the provider allows.
 class Region {
  public:
-  Region(fabric::RegisteredRange range, uintptr_t address, size_t length)
-      : range_(std::move(range)), address_(address), length_(length) {}
+  Region(fabric::RegisteredRange range, uintptr_t address, size_t length, const void* engine)
+      : range_(std::move(range)), address_(address), length_(length), engine_(engine) {}
+  // The engine it is registered with: only that engine may read into it.
+  const void* engine() const { return engine_; }
   uintptr_t address() const { return address_; }
   size_t length() const { return length_; }
   bool registered() const { return !range_.slices.empty(); }
@@ -101,6 +109,7 @@ class Region {
   fabric::RegisteredRange range_;
   uintptr_t address_;
   size_t length_;
+  const void* engine_;
 };
 
 class Transfer {
@@ -174,7 +183,7 @@ class Engine {
       range =
           Take(engine_->RegisterRange(reinterpret_cast<void*>(address), length, access, sharing));
     }
-    return std::make_shared<Region>(std::move(range), address, length);
+    return std::make_shared<Region>(std::move(range), address, length, engine_.get());
   }
 
   // One read per item (local region, offset in it, remote range descriptor, offset in it, length),
@@ -182,6 +191,7 @@ class Engine {
   Transfer Read(fabric::PeerId peer, const std::vector<py::tuple>& items) {
     struct Item {
       std::shared_ptr<Region> local;
+      fabric::RegisteredRange range;  // copied while the GIL is held: release() may run meanwhile
       uint64_t local_offset;
       std::vector<fabric::RemoteSlice> remote;
       uint64_t length;
@@ -202,6 +212,11 @@ class Engine {
       if (!item.local || !item.local->registered()) {
         Check(InvalidArgument("read item " + std::to_string(i) + ": local region is released"));
       }
+      if (item.local->engine() != engine_.get()) {
+        Check(InvalidArgument("read item " + std::to_string(i) +
+                              ": local region is registered with another engine"));
+      }
+      item.range = item.local->range();
       if (item.local_offset > item.local->length() ||
           item.length > item.local->length() - item.local_offset) {
         Check(OutOfRange("read item " + std::to_string(i) + ": " + std::to_string(item.length) +
@@ -220,8 +235,8 @@ class Engine {
       const Item& item = parsed[i];
       if (item.length == 0) continue;
       void* local = reinterpret_cast<char*>(item.local->address()) + item.local_offset;
-      auto transfer = engine_->StartRange(fabric::RmaOp::kRead, peer, item.remote,
-                                          item.local->range(), local, item.length);
+      auto transfer = engine_->StartRange(fabric::RmaOp::kRead, peer, item.remote, item.range,
+                                          local, item.length);
       if (!transfer.ok()) {
         const std::string what = "read item " + std::to_string(i);
         if (started.empty()) Check(transfer.status().WithContext(what));
@@ -230,6 +245,7 @@ class Engine {
       }
       started.push_back(std::move(*transfer));
     }
+    if (started.empty()) Check(InvalidArgument("read: every item is empty, nothing to read"));
     return Transfer(fabric::Transfer::Join(started));
   }
 

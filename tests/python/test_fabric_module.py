@@ -94,3 +94,21 @@ def test_read_only_registration_refused_where_the_provider_does_not_enforce_acce
     shm.register(src.ctypes.data, src.nbytes, False).release()  # a local destination is fine
     allowed = f.open_all({"provider": "shm", "allow_unprotected_memory": "true"}, "")[0]
     allowed.register(src.ctypes.data, src.nbytes, True).release()
+
+
+def test_regions_belong_to_their_engine_and_waits_are_bounded(pair):
+    a, b, peer = pair
+    src, dst = buffers(1 << 16, seed=2)
+    rs = a.register(src.ctypes.data, src.nbytes, True)
+    foreign = a.register(dst.ctypes.data, dst.nbytes, False)  # registered with the source's engine
+    with pytest.raises(f.FabricError, match="another engine"):
+        b.read(peer, [(foreign, 0, rs.describe(), 0, 16)])
+    rd = b.register(dst.ctypes.data, dst.nbytes, False)
+    with pytest.raises(f.FabricError, match="nothing to read"):
+        b.read(peer, [(rd, 0, rs.describe(), 0, 0)])
+    t = b.read(peer, [(rd, 0, rs.describe(), 0, src.nbytes)])
+    assert t.wait_quiesced() is True  # no limit: until it is done
+    t.wait(1e12)  # clamped, not overflowed
+    assert np.array_equal(src, dst)
+    with pytest.raises(f.FabricError, match="NaN"):
+        t.wait(float("nan"))

@@ -37,6 +37,7 @@ def cluster():
     # Workers import this module (the actor classes) from here.
     os.environ["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), os.environ["PYTHONPATH"]])
     os.environ["RAYFABRIC_OP_TIMEOUT_MS"] = "5000"  # a frozen source is declared failed in ~5 s
+    os.environ["RAYFABRIC_DRAIN_TIMEOUT_MS"] = "1000"  # and its posted reads cut off 1 s later
     c = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 2, "resources": {"n0": 100}, "object_store_memory": 200 * MiB, "include_dashboard": False})
     for name in ("n1", "n2"):
@@ -150,6 +151,7 @@ def test_registrations_released_when_refs_go(cluster):
 
 def test_source_killed_mid_read_fails_the_get_and_receiver_lives_on(cluster):
     src, dst = on("n0", Source).remote(), on("n1", Receiver).remote()
+    ray.get(dst.consume.remote(src.make.remote("list", seed=1)), timeout=120)  # connected: reads get posted
     ref = src.make.remote("huge", seed=1)
     pid = ray.get(src.pid.remote())
     ray.get(src.digest_of.remote("huge", 1))  # the tensor exists and is registered
@@ -184,10 +186,14 @@ def test_no_shared_provider_is_a_clear_error(cluster):
 
 
 def test_abort_transport_ends_a_stalled_read_at_once(cluster):
-    """What Ray calls on the receiver when it gives up on a transfer (abort_transport): the read in
-    flight from a frozen source fails within a second or two, long before the engine's own 5 s
-    operation timeout, and the source, thawed, serves the same object again."""
+    """What Ray calls on the receiver when it gives up on a transfer (abort_transport): the reads
+    posted to a frozen source (connected by an earlier object) are cancelled and, since the frozen
+    peer cannot return them, cut off by an endpoint reset of the receiver's reading engine after
+    the drain bound (1 s here), well before the engine's own 5 s operation timeout; the source,
+    thawed, serves the same object again (its serving address did not change), and the
+    receiver's engine counted the reads it posted and the reset."""
     src, dst = on("n0", Source).remote(), on("n1", Receiver).remote()
+    ray.get(dst.consume.remote(src.make.remote("list", seed=2)), timeout=120)  # connected: reads get posted
     ref = src.make.remote("huge", seed=2)
     pid = ray.get(src.pid.remote())
     want = ray.get(src.digest_of.remote("huge", 2))
@@ -210,5 +216,28 @@ def test_abort_transport_ends_a_stalled_read_at_once(cluster):
         os.kill(pid, signal.SIGCONT)
     assert "aborted by Ray" in str(caught.value), str(caught.value)[:2000]
     assert took < 4, f"the aborted read took {took:.1f} s to fail"
+    stats = ray.get(dst.rdt_stats.remote())
+    reader = stats["read tcp;ofi_rxm"]
+    assert reader["ops_posted"] > 0 and reader["transfers_failed"] >= 1, stats
     got, _, _ = ray.get(dst.consume.remote(ref), timeout=120)
     assert got == want
+
+
+def test_retried_extract_and_empty_objects_in_one_process():
+    """Without a cluster, the transport driven as Ray's RDT store drives it: a task retried (the same
+    object extracted twice) leaves one set of registrations, released by one garbage_collect; an
+    object of empty tensors only is received without any read."""
+    transport = rayfabric.rdt.RayfabricTensorTransport()
+    t = torch.arange(1 << 16, dtype=torch.float32)
+    first = transport.extract_tensor_transport_metadata("obj-retried", [t])
+    second = transport.extract_tensor_transport_metadata("obj-retried", [t])
+    assert transport.stats()["registered_buffers"] == 1
+    transport.garbage_collect("obj-retried", second, [t])
+    stats = transport.stats()
+    assert stats["registered_buffers"] == 0 and stats["objects"] == 0, stats
+    assert all(v["regions_registered"] == 0 for v in stats.values() if isinstance(v, dict)), stats
+    del first
+    meta = transport.extract_tensor_transport_metadata("obj-empty", [torch.empty(0), torch.empty(3, 0)])
+    got = transport.recv_multiple_tensors("obj-empty", meta, rayfabric.rdt.RayfabricCommunicatorMetadata())
+    assert [tuple(x.shape) for x in got] == [(0,), (3, 0)]
+    transport.garbage_collect("obj-empty", meta, [])
