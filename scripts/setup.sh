@@ -38,7 +38,9 @@ if [ "${RAYFABRIC_NO_TORCH:-0}" != 1 ] && ! $PY -c "import torch" 2>/dev/null; t
   $PY -m pip install -q torch
 fi
 
+# rayfabric._fabric is built for the Python that runs Ray here.
+PY_EXE=$($PY -c 'import sys; print(sys.executable)')
 if [ ! -f build/build.ninja ]; then
-  meson setup build --buildtype=release
+  meson setup build --buildtype=release -Dpython_interpreter="$PY_EXE"
 fi
 ninja -C build

@@ -24,16 +24,23 @@ def _print_status(st):
     if not rows:
         print("no rayfabric agents published in this cluster (`rayfabric start`)")
         return
+    # Per node: the best fabric, peers pulled from, objects and bytes in (pulled) and out (served
+    # to peers), the rate of both since the agent started, leases and pinned bytes now, failures.
     print(f"{'node':14s} {'address':22s} {'provider':14s} {'domain':8s} {'exposure':8s} {'auth':9s} "
-          f"{'pulled':>8s} {'MiB pulled':>11s} {'leases':>7s} {'pinned MiB':>11s} {'failed':>7s}")
+          f"{'peers':>5s} {'pulled':>7s} {'MiB in':>9s} {'MiB out':>9s} {'MiB/s':>7s} {'up s':>7s} "
+          f"{'leases':>6s} {'pinned MiB':>10s} {'failed':>6s}")
     for node, a in sorted(rows.items()):
         if not a.get("alive"):
             print(f"{node[:12]:14s} {a.get('address', '-'):22s} DEAD: {a.get('error', '')}")
             continue
         auth = "+".join(x for x, on in (("token", a.get("token_auth")), ("tls", a.get("tls"))) if on) or "none"
+        up_s = a.get("uptime_ms", 0) / 1000
+        moved = a["bytes_pulled"] + a["bytes_leased"]
+        rate = moved / 2**20 / up_s if up_s > 0 else 0.0
         print(f"{node[:12]:14s} {a['address']:22s} {a['provider']:14s} {a['domain']:8s} {a.get('exposure', '?'):8s} "
-              f"{auth:9s} {a['objects_pulled']:8d} {a['bytes_pulled'] / 2**20:11.1f} {a['leases_active']:7d} "
-              f"{a['pinned_bytes'] / 2**20:11.1f} {a['pulls_failed']:7d}")
+              f"{auth:9s} {len(a.get('peer_links') or []):5d} {a['objects_pulled']:7d} "
+              f"{a['bytes_pulled'] / 2**20:9.1f} {a['bytes_leased'] / 2**20:9.1f} {rate:7.1f} {up_s:7.0f} "
+              f"{a['leases_active']:6d} {a['pinned_bytes'] / 2**20:10.1f} {a['pulls_failed']:6d}")
         fabrics = a.get("fabrics") or []
         if len(fabrics) > 1 or any(f.get("rail_domains") for f in fabrics):
             print(f"{'':14s} fabrics: " + ", ".join(

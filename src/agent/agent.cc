@@ -1502,6 +1502,9 @@ v1::StatusReply Agent::GetStatus() const {
   s.set_endpoint_resets(stats.endpoint_resets);
   s.set_store_reconnects(store_reconnects_);
   s.set_abandoned_creates_aborted(abandoned_creates_aborted_);
+  s.set_uptime_ms(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                            std::chrono::steady_clock::now() - started_)
+                                            .count()));
   std::lock_guard<std::mutex> lock(links_mu_);
   for (const auto& [source, link] : links_) *s.add_peer_links() = link;
   return s;

@@ -221,6 +221,8 @@ class Agent {
       pulls_lease_expired_{0}, replicas_quarantined_{0}, store_reconnects_{0},
       abandoned_creates_aborted_{0};
   std::atomic<bool> populate_warned_{false};
+  // When this agent started serving: `rayfabric status` reports rates since then.
+  const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 
   std::mutex sweep_mu_;
   std::condition_variable sweep_cv_;

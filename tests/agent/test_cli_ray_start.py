@@ -75,6 +75,16 @@ def test_start_status_get_stop(ray_start_cluster):
     got = run(PY, "-c", DRIVER, address)
     pulled = next(l for l in got.stdout.splitlines() if l.startswith("PULLED")).split()
     assert pulled[1] == "1" and int(pulled[2]) >= 32 << 20 and pulled[3] == "0", got.stdout
+    # The table per node: peers, bytes in and out, the rate since the agent started.
+    st = json.loads(run(PY, "-m", "rayfabric", "status", "--address", address, "--json").stdout)
+    assert all(a["uptime_ms"] > 0 for a in st["agents"].values()), st
+    reader = [a for a in st["agents"].values() if a["objects_pulled"] == 1]
+    server = [a for a in st["agents"].values() if a["bytes_leased"] >= 32 << 20]
+    assert len(reader) == 1 and len(server) == 1 and len(reader[0]["peer_links"]) == 1, st
+    table = run(PY, "-m", "rayfabric", "status", "--address", address).stdout
+    header, *lines = table.splitlines()
+    for column in ("peers", "MiB in", "MiB out", "MiB/s", "up s", "pinned MiB"):
+        assert column in header, header
     stop = run(PY, "-m", "rayfabric", "stop", "--address", address)
     assert "stopped 2 agent(s)" in stop.stdout
     st = json.loads(run(PY, "-m", "rayfabric", "status", "--address", address, "--json").stdout)
