@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import ray
 from ray.experimental.rdt.tensor_transport_manager import (
     CommunicatorMetadata,
+    FetchRequest,
     TensorTransportManager,
     TensorTransportMetadata,
 )
@@ -55,6 +56,43 @@ class RayfabricTransportMetadata(TensorTransportMetadata):
 @dataclass
 class RayfabricCommunicatorMetadata(CommunicatorMetadata):
     """A one-sided read needs nothing from the owner."""
+
+
+@dataclass
+class RayfabricFetchRequest(FetchRequest):
+    """A receive in flight: its transfer, and what must stay alive while any read may still land
+    (the destination allocation and registrations). finish() releases them once the reads are over;
+    a request dropped unfinished (Ray's timeout) cancels its reads and leaves that memory with the
+    transport until they have drained."""
+
+    transport: Any = None
+    transfer: Any = None
+    engine: Any = None
+    nbytes: int = 0
+    parts: int = 0
+    held: Any = None
+    copies: Any = None
+    finished: bool = False
+
+    def finish(self):
+        if self.finished or self.transport is None:
+            return
+        self.finished = True
+        self.transport._settle(self.obj_id, self.transfer, (self.held, self.tensors))
+        slab, slab_region, regions = self.held
+        if self.transfer is None or self.transfer.quiesced():
+            for region in regions:
+                region.release()
+            if slab_region is not None:
+                slab_region.release()
+
+    def __del__(self):
+        if not self.finished and self.transfer is not None:
+            try:
+                self.transfer.cancel("the receive was given up (ray.get timed out or was dropped)")
+                self.finish()
+            except Exception:  # noqa: BLE001 - interpreter shutdown
+                pass
 
 
 class _Registration:
@@ -224,12 +262,19 @@ class RayfabricTensorTransport(TensorTransportManager):
 
     def recv_multiple_tensors(self, obj_id: str, tensor_transport_metadata, communicator_metadata,
                               target_buffers: Optional[List[Any]] = None) -> List[Any]:
+        request = self.fetch_multiple_tensors(obj_id, tensor_transport_metadata, communicator_metadata,
+                                              target_buffers)
+        return self.wait_fetch_complete(request)
+
+    def fetch_multiple_tensors(self, obj_id: str, tensor_transport_metadata, communicator_metadata,
+                               target_buffers: Optional[List[Any]] = None) -> "RayfabricFetchRequest":
+        """Posts every read and returns at once; wait_fetch_complete waits (with Ray's timeout)."""
         import torch
 
         meta = tensor_transport_metadata
         assert isinstance(meta, RayfabricTransportMetadata), type(meta)
         if not meta.tensor_meta:
-            return []
+            return RayfabricFetchRequest(obj_id=obj_id, tensors=[])
         engine, index = self._shared_engine(meta, self.engines("read"))
         peer = self._peer(engine, meta.fabrics[index][1])
         to_cuda = meta.tensor_device == "cuda"
@@ -275,30 +320,35 @@ class RayfabricTensorTransport(TensorTransportManager):
             transfer = engine.read(peer, items) if items else None
             if transfer is not None:
                 self._inflight[obj_id] = transfer
+        return RayfabricFetchRequest(obj_id=obj_id, tensors=tensors, transport=self, transfer=transfer,
+                                     engine=engine, nbytes=sum(meta.nbytes), parts=len(items),
+                                     held=(slab, slab_region, regions), copies=copies)
+
+    def wait_fetch_complete(self, fetch_request, timeout: float = -1) -> List[Any]:
+        """The tensors once every byte arrived. TimeoutError when `timeout` (s; -1: none) passes
+        first (the reads go on; dropping the request cancels them); RuntimeError when a read
+        failed (only once drained: nothing lands later in memory handed out)."""
+        import torch
+
+        req = fetch_request
+        assert isinstance(req, RayfabricFetchRequest), type(req)
+        if req.transfer is None or req.finished:
+            return req.tensors
         try:
-            if transfer is not None:
-                transfer.wait()
+            req.transfer.wait(None if timeout is None or timeout < 0 else timeout)
+        except TimeoutError:
+            raise TimeoutError(f"rayfabric: reading {req.obj_id} not done within {timeout} s") from None
         except Exception as e:
-            raise RuntimeError(f"rayfabric: reading {obj_id} ({sum(meta.nbytes)} bytes in {len(items)} tensors) "
-                               f"from {engine.provider} peer failed: {e}") from e
-        finally:
-            with self._lock:
-                self._inflight.pop(obj_id, None)
-                self._undrained = [u for u in self._undrained if not u[0].quiesced()]
-                if transfer is not None and not transfer.quiesced():
-                    # Operations still out (a provider that could not drain them): the memory
-                    # they may write stays referenced here, never reused.
-                    self._undrained.append((transfer, slab, slab_region, regions, tensors))
-        for region in regions:
-            region.release()
-        if slab_region is not None:
-            slab_region.release()
-        for out, view in copies:
+            req.finish()
+            raise RuntimeError(f"rayfabric: reading {req.obj_id} ({req.nbytes} bytes in {req.parts} tensors) "
+                               f"from {req.engine.provider} peer failed: {e}") from e
+        req.finish()
+        for out, view in req.copies:
             if view is not None:
                 out.copy_(view, non_blocking=True)
-        for device in {out.device for out, _ in copies if out.device.type == "cuda"}:
+        for device in {out.device for out, _ in req.copies if out.device.type == "cuda"}:
             torch.cuda.synchronize(device)
-        return tensors
+        return req.tensors
 
     def send_multiple_tensors(self, tensors, tensor_transport_metadata, communicator_metadata):
         raise NotImplementedError("RAYFABRIC is one-sided: the receiver reads, the source never sends")
@@ -317,6 +367,16 @@ class RayfabricTensorTransport(TensorTransportManager):
         transfer.cancel("aborted by Ray (abort_transport)")
 
     # ------------------------------------------------------------------ helpers
+
+    def _settle(self, obj_id, transfer, held):
+        """A receive is over (done, failed or given up): no longer abortable; if reads may still
+        land (not drained), what they write stays referenced here."""
+        with self._lock:
+            if self._inflight.get(obj_id) is transfer:
+                self._inflight.pop(obj_id, None)
+            self._undrained = [u for u in self._undrained if not u[0].quiesced()]
+            if transfer is not None and not transfer.quiesced():
+                self._undrained.append((transfer, held))
 
     def _release(self, keys):
         for key in keys:

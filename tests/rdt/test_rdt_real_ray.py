@@ -241,3 +241,30 @@ def test_retried_extract_and_empty_objects_in_one_process():
     got = transport.recv_multiple_tensors("obj-empty", meta, rayfabric.rdt.RayfabricCommunicatorMetadata())
     assert [tuple(x.shape) for x in got] == [(0,), (3, 0)]
     transport.garbage_collect("obj-empty", meta, [])
+
+
+def test_ray_get_timeout_bounds_a_stalled_read_in_the_driver(cluster):
+    """ray.get(ref, timeout=1) of a RAYFABRIC object in the driver, from a frozen source: Ray's
+    GetTimeoutError after about a second (the read posted through fetch_multiple_tensors, waited
+    for in wait_fetch_complete with Ray's deadline, then given up and cancelled), not the engine's
+    5 s operation timeout; thawed, the same object then arrives whole in the driver."""
+    src = on("n0", Source).remote()
+    ref = src.make.remote("huge", seed=4)
+    pid = ray.get(src.pid.remote())
+    want = ray.get(src.digest_of.remote("huge", 4))
+    warm = src.make.remote("list", seed=4)
+    ray.get(warm, timeout=120)  # the driver's reading engine is connected to the source
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.time()
+        with pytest.raises(ray.exceptions.GetTimeoutError):
+            ray.get(ref, timeout=1)
+        took = time.time() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert took < 3.5, f"ray.get(timeout=1) returned after {took:.1f} s"
+    before = bytes_read(rayfabric.rdt.transport_stats())
+    value = ray.get(ref, timeout=120)
+    assert digest(flatten(value)) == want
+    moved = bytes_read(rayfabric.rdt.transport_stats()) - before
+    assert moved == 256 * MiB, f"the driver's engine read {moved} bytes: not the fabric path?"
