@@ -281,12 +281,14 @@ def find_fi_info(explicit: str | None = None, env: Mapping[str, str] = os.enviro
     return shutil.which("fi_info", path=env.get("PATH")) or (EFA_FI_INFO if os.access(EFA_FI_INFO, os.X_OK) else None)
 
 
-def run_fi_info(fi_info: str | None, args: Sequence[str], timeout: float = FI_TIMEOUT_S) -> FiRun:
+def run_fi_info(fi_info: str | None, args: Sequence[str], timeout: float = FI_TIMEOUT_S,
+                extra_env: Mapping[str, str] | None = None) -> FiRun:
     argv = [fi_info or "fi_info", *args]
     if not fi_info:
         return FiRun(argv, error="fi_info not found")
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                           env={**os.environ, **extra_env} if extra_env else None)
     except FileNotFoundError:
         return FiRun(argv, error=f"{fi_info} not found")
     except subprocess.TimeoutExpired:
@@ -425,6 +427,30 @@ def check_efa_facts(devices: list[Device] | None, efa_provider: bool, instance_t
 
 
 # ----------------------------------------------------------------------------- memlock
+
+def check_hmem_cuda(log_run: FiRun) -> list[Finding]:
+    """Whether this libfabric can register CUDA memory (FI_HMEM_CUDA), from what `fi_info -l` logs at
+    FI_LOG_LEVEL=info while libfabric initialises its memory interfaces."""
+    if log_run.error or log_run.rc != 0:
+        return []
+    staged = ("GPU tensors of the RAYFABRIC tensor transport (rayfabric.rdt) are staged through "
+              "pinned host memory, with a device copy at each end")
+    fix = ("for GPUDirect RDMA: a libfabric built with CUDA (e.g. the AWS EFA installer's, or "
+           "--with-cuda) next to a NIC that can reach GPU memory; build rayfabric against it with "
+           "-Dlibfabric_prefix")
+    failed = re.search(r"Failed to initialize hmem iface FI_HMEM_CUDA[^\n]*", log_run.out)
+    if re.search(r"Hmem iface FI_HMEM_CUDA not supported", log_run.out):
+        return [Finding(INFO, "hmem-cuda-unsupported",
+                        "this libfabric cannot register CUDA memory (FI_HMEM_CUDA not supported: built "
+                        "without CUDA, or no CUDA runtime/driver found): " + staged, fix)]
+    if failed:
+        return [Finding(INFO, "hmem-cuda-failed", f"libfabric could not set up CUDA memory ({failed.group(0)}): "
+                        + staged, fix)]
+    if "hmem" not in log_run.out.lower():
+        return []  # nothing logged about memory interfaces: say nothing rather than guess
+    return [Finding(INFO, "hmem-cuda", "this libfabric initialised FI_HMEM_CUDA; rayfabric does not register "
+                    "device memory yet: " + staged, "")]
+
 
 def has_cap_ipc_lock(proc_status_text: str) -> bool:
     m = re.search(r"^CapEff:\s*([0-9a-fA-F]+)", proc_status_text, re.MULTILINE)
@@ -740,6 +766,7 @@ def diagnose(*, sysfs: str = SYSFS_IB, dev_dir: str = "/dev/infiniband", fi_info
     list_run = run_fi_info(fi, ["-l"])
     rdm_run = run_fi_info(fi, ["-t", "FI_EP_RDM", "-c", "FI_RMA"])
     efa_run = run_fi_info(fi, ["-p", "efa"])
+    hmem_run = run_fi_info(fi, ["-l"], extra_env={"FI_LOG_LEVEL": "info"})
     devices = read_ib_devices(sysfs)
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     cap = has_cap_ipc_lock(_read(Path("/proc/self/status")) or "")
@@ -750,7 +777,8 @@ def diagnose(*, sysfs: str = SYSFS_IB, dev_dir: str = "/dev/infiniband", fi_info
                 + check_efa_facts(devices, bool(efa_run.rc == 0 and parse_fi_info(efa_run.out)),
                                   (_read(Path(DMI_PRODUCT)) or "").strip())
                 + check_rxe_universe(devices, env) + check_rxe_chunk(devices, env)
-                + check_memlock(soft, hard, store_bytes, cap) + check_hugepages(meminfo, store_bytes, want_huge, huge_running))
+                + check_memlock(soft, hard, store_bytes, cap) + check_hugepages(meminfo, store_bytes, want_huge, huge_running)
+                + check_hmem_cuda(hmem_run))
     entries = [] if rdm_run.nodata else parse_fi_info(rdm_run.out)
     by_prov = rdm_domains(entries)
     rdma_sel = {p: d for p, d in by_prov.items() if is_rdma_provider(p)}

@@ -845,3 +845,34 @@ def test_real_ray_session_store_size():
         assert "raylet.out" in store["source"]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- CUDA memory (FI_HMEM)
+
+def test_hmem_cuda_from_libfabric_init_log():
+    """What `FI_LOG_LEVEL=info fi_info -l` logs about CUDA memory decides the finding: Debian's
+    1.17 (no CUDA), a CUDA build whose runtime failed, one that initialised, and silence."""
+    unsupported = ("libfabric:23926:1796390611::core:core:ofi_hmem_init():247<info> Hmem iface FI_HMEM_CUDA not supported\n"
+                   "libfabric:23926:1796390611::core:core:ofi_hmem_init():247<info> Hmem iface FI_HMEM_ROCR not supported\n")
+    [f] = doctor.check_hmem_cuda(FiRun(["fi_info", "-l"], rc=0, out=unsupported))
+    assert f.code == "hmem-cuda-unsupported" and "staged through pinned host memory" in f.message
+    assert "-Dlibfabric_prefix" in f.fix
+    failed = ("libfabric:1:2::core:core:ofi_hmem_init():250<warn> Failed to initialize hmem iface FI_HMEM_CUDA: "
+              "No such device\n")
+    [f] = doctor.check_hmem_cuda(FiRun(["fi_info", "-l"], rc=0, out=failed))
+    assert f.code == "hmem-cuda-failed" and "No such device" in f.message
+    ok = "libfabric:1:2::core:core:ofi_hmem_init():247<info> Hmem iface FI_HMEM_ROCR not supported\n"
+    [f] = doctor.check_hmem_cuda(FiRun(["fi_info", "-l"], rc=0, out=ok))
+    assert f.code == "hmem-cuda" and "does not register device memory yet" in f.message
+    assert doctor.check_hmem_cuda(FiRun(["fi_info", "-l"], rc=0, out="tcp\nsockets\n")) == []
+    assert doctor.check_hmem_cuda(FiRun(["fi_info", "-l"], error="fi_info not found")) == []
+
+
+def test_hmem_cuda_on_this_host():
+    """This host's libfabric, for real: Debian's 1.17 reports FI_HMEM_CUDA unsupported."""
+    fi = doctor.find_fi_info()
+    if not fi:
+        pytest.skip("no fi_info here")
+    run = doctor.run_fi_info(fi, ["-l"], extra_env={"FI_LOG_LEVEL": "info"})
+    findings = doctor.check_hmem_cuda(run)
+    assert findings and findings[0].code.startswith("hmem-cuda"), run.out[-2000:]
