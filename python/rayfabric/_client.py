@@ -18,9 +18,12 @@ def make_channel(address, insecure=False):
     if insecure:
         return grpc.insecure_channel(address, options=_OPTIONS)
     try:
-        from ray._private.grpc_utils import init_grpc_channel
-    except ImportError:  # a Ray without it has neither token authentication nor this helper
-        return grpc.insecure_channel(address, options=_OPTIONS)
+        from ray._private.grpc_utils import init_grpc_channel  # Ray >= 2.52
+    except ImportError:
+        try:
+            from ray._private.utils import init_grpc_channel  # Ray 2.49-2.51: TLS, no tokens yet
+        except ImportError:
+            return grpc.insecure_channel(address, options=_OPTIONS)
     options = list(_OPTIONS)
     if address.startswith("unix:"):
         # With TLS, a Unix socket has no host name to check the certificate against: the node's

@@ -5,7 +5,6 @@ import threading
 import time
 
 import ray
-from ray.core.generated import common_pb2
 
 from rayfabric import _agents
 from rayfabric import agent_pb2 as pb
@@ -134,10 +133,11 @@ def _count(key, n=1):
 
 
 def _owner(core_worker, ref):
-    addr = common_pb2.Address()
-    addr.ParseFromString(core_worker.get_owner_address(ref))
-    return pb.OwnerAddress(node_id=addr.node_id, ip_address=addr.ip_address, port=addr.port,
-                           worker_id=addr.worker_id)
+    # Ray's rpc.Address and our OwnerAddress share fields 1-4 (node id, IP, port, worker id);
+    # parsing the bytes with ours works on every supported Ray (2.49 renamed raylet_id -> node_id).
+    owner = pb.OwnerAddress.FromString(core_worker.get_owner_address(ref))
+    return pb.OwnerAddress(node_id=owner.node_id, ip_address=owner.ip_address, port=owner.port,
+                           worker_id=owner.worker_id)
 
 
 def _locations(core_worker, refs, get_locations=None):

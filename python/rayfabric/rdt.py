@@ -24,12 +24,17 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 import ray
-from ray.experimental.rdt.tensor_transport_manager import (
-    CommunicatorMetadata,
-    FetchRequest,
-    TensorTransportManager,
-    TensorTransportMetadata,
-)
+
+try:
+    from ray.experimental.rdt.tensor_transport_manager import (
+        CommunicatorMetadata,
+        FetchRequest,
+        TensorTransportManager,
+        TensorTransportMetadata,
+    )
+except ImportError as e:  # Ray Direct Transport as used here: Ray 2.56.0 and later
+    raise ImportError(f"rayfabric.rdt needs Ray 2.56.0 or later (Ray Direct Transport with "
+                      f"fetch_multiple_tensors); this is Ray {ray.__version__}: {e}") from e
 
 logger = logging.getLogger(__name__)
 

@@ -98,7 +98,12 @@ class SharedMappings {
 }  // namespace
 
 const std::vector<std::string>& SupportedRayVersions() {
-  static const std::vector<std::string> kVersions = {"2.60.0"};
+  // Every release whose raylet speaks exactly 2.60.0's protocol for what this client sends and
+  // reads (compared in the raylet binaries of each wheel; docs/plasma.md "Ray releases").
+  static const std::vector<std::string> kVersions = {
+      "2.49.0", "2.49.1", "2.49.2", "2.50.0", "2.50.1", "2.51.0", "2.51.1", "2.51.2",
+      "2.52.0", "2.52.1", "2.53.0", "2.54.0", "2.54.1", "2.55.0", "2.55.1", "2.56.0",
+      "2.56.1", "2.57.0", "2.57.1", "2.58.0", "2.58.1", "2.59.0", "2.60.0"};
   return kVersions;
 }
 

@@ -58,7 +58,7 @@ ObjectSpec FromWire(const wire::ObjectSpec& w) {
 
 }  // namespace
 
-std::string SupportedRayVersionsText() { return "Ray 2.60.0"; }
+std::string SupportedRayVersionsText() { return "Ray 2.49.0 to 2.60.0"; }
 
 const char* MessageTypeName(int64_t type) {
   static const char* const kNames[] = {

@@ -1,4 +1,5 @@
-// Encoder/decoder for the plasma store's private socket protocol as spoken by Ray 2.60.0.
+// Encoder/decoder for the plasma store's private socket protocol as spoken by Ray 2.49.0 to 2.60.0
+// (the same for every message used here; docs/plasma.md).
 // Pure functions over bytes: no sockets, no state, so every message can be unit tested.
 #pragma once
 
@@ -175,7 +176,7 @@ Result<ContainsReply> DecodeContainsReply(const std::vector<uint8_t>& payload);
 // `what` names the operation and object ("create of object 1a2b.. (8388608 bytes)").
 Status PlasmaErrorToStatus(int32_t error, const std::string& what);
 
-// "Ray 2.60.0"-style text naming the versions whose protocol this code speaks.
+// "Ray 2.49.0 to 2.60.0"-style text naming the versions whose protocol this code speaks.
 std::string SupportedRayVersionsText();
 
 }  // namespace rayfabric::plasma

@@ -138,8 +138,11 @@ TEST(PlasmaClientTest, UnsupportedRayVersionIsRefusedBeforeConnecting) {
   o.ray_version = "2.9.3";
   auto c = PlasmaClient::Connect("/tmp/rf_no_such_plasma_store", o);
   ASSERT_EQ(c.status().code(), StatusCode::kVersionMismatch);
-  EXPECT_NE(c.status().message().find("Ray 2.60.0"), std::string::npos) << c.status();
+  EXPECT_NE(c.status().message().find("Ray 2.49.0 to 2.60.0"), std::string::npos) << c.status();
   EXPECT_TRUE(IsSupportedRayVersion("2.60.0"));
+  EXPECT_TRUE(IsSupportedRayVersion("2.49.0"));
+  EXPECT_FALSE(IsSupportedRayVersion("2.48.0"));  // its Get request has a field 2.60.0 dropped
+  EXPECT_FALSE(IsSupportedRayVersion("2.61.0"));  // not checked yet
 }
 
 TEST(PlasmaClientTest, UnexpectedReplyToConnectIsVersionMismatch) {
@@ -150,7 +153,7 @@ TEST(PlasmaClientTest, UnexpectedReplyToConnectIsVersionMismatch) {
   });
   auto c = PlasmaClient::Connect(store.path());
   ASSERT_EQ(c.status().code(), StatusCode::kVersionMismatch);
-  EXPECT_NE(c.status().message().find("Ray 2.60.0"), std::string::npos) << c.status();
+  EXPECT_NE(c.status().message().find("Ray 2.49.0 to 2.60.0"), std::string::npos) << c.status();
 }
 
 TEST(PlasmaClientTest, MisuseNeverReachesTheStore) {

@@ -171,7 +171,7 @@ TEST(ProtocolTest, GarbageRepliesAreVersionMismatchNamingTheRayVersion) {
   std::vector<uint8_t> garbage = {0xff, 0xff, 0xff, 0x7f, 1, 2, 3, 4};
   Status s = DecodeCreateReply(garbage).status();
   EXPECT_EQ(s.code(), StatusCode::kVersionMismatch);
-  EXPECT_NE(s.message().find("Ray 2.60.0"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("Ray 2.49.0 to 2.60.0"), std::string::npos) << s;
   EXPECT_EQ(DecodeGetReply({}).status().code(), StatusCode::kVersionMismatch);
   EXPECT_EQ(DecodeConnectReply({1, 2}).status().code(), StatusCode::kVersionMismatch);
   // A well-formed but empty ConnectReply lacks the capacity Ray always sends.

@@ -221,7 +221,7 @@ def test_bad_socket_path_is_unavailable(cluster, tmp_path):
 def test_unsupported_ray_version_is_refused(cluster):
     got = run_tool("info", socket_of(cluster["node_a"]), "--ray-version", "1.0.0")
     assert got["status"] == "VersionMismatch", got
-    assert "Ray 2.60.0" in got["message"]
+    assert "Ray 2.49.0 to 2.60.0" in got["message"]
 
 
 def test_misuse_is_refused_before_it_reaches_the_store(cluster):
