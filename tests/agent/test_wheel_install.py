@@ -106,3 +106,19 @@ def test_ray_start_cluster_finds_the_agent_in_the_package(venv):
         assert "stopped 2 agent(s)" in stop.stdout
     finally:
         run(venv, *ray_cli, "stop", "--force", check=False)
+
+
+def test_readme_main_job_from_the_installed_package(venv, tmp_path):
+    """README's main job (`rayfabric demo`: a 2-node local cluster, an array both ways through Ray and
+    through rayfabric) from the installed package, in an empty folder, with no PYTHONPATH and no
+    build directory: both paths move the bytes, rayfabric's by fi_read."""
+    out = tmp_path / "demo.json"
+    got = run(venv, os.path.join(venv["root"], "venv", "bin", "rayfabric"), "demo", "--size-mb", "64",
+              "--json", str(out), timeout=600)
+    results = json.loads(out.read_text())
+    assert {(r["direction"], r["path"]) for r in results} == {
+        (d, p) for d in ("node_a->node_b", "node_b->node_a") for p in ("ray", "rayfabric")}, results
+    assert all(r["fingerprint_ok"] for r in results), results
+    assert all(r["copy"]["fabric_bytes"] >= 64 << 20 and not r["copy"]["fallbacks"]
+               for r in results if r["path"] == "rayfabric"), results
+    assert "speed-up" in got.stdout, got.stdout
