@@ -284,29 +284,37 @@ class RayfabricTensorTransport(TensorTransportManager):
         peer = self._peer(engine, meta.fabrics[index][1])
         to_cuda = meta.tensor_device == "cuda"
         # Where each tensor lands: a CPU target buffer that fits exactly is read into directly;
-        # everything else is read into one allocation (pinned when it is then copied to a GPU), of
-        # which CPU results are views and GPU results copies.
-        offsets, total = [], 0
-        for n in meta.nbytes:
-            offsets.append(total)
-            total += (n + _ALIGN - 1) // _ALIGN * _ALIGN
-        pinned = torch.cuda.is_available() and (to_cuda or any(
-            t is not None and t.device.type == "cuda" for t in (target_buffers or [])))
-        slab = torch.empty(total, dtype=torch.uint8, pin_memory=pinned) if total else None
-        slab_region = engine.register(slab.data_ptr(), total, False) if total else None
-        tensors, items, regions, copies = [], [], [], []
-        for i, ((shape, dtype), n) in enumerate(zip(meta.tensor_meta, meta.nbytes)):
+        # everything else is read into one allocation (the slab: pinned when some of it is then
+        # copied to a GPU), of which CPU results are views and GPU results copies. The slab holds
+        # only what needs it.
+        targets = []
+        for i, (shape, dtype) in enumerate(meta.tensor_meta):
             target = target_buffers[i] if target_buffers and i < len(target_buffers) else None
             if target is not None and (not target.is_contiguous() or target.dtype != dtype
                                        or tuple(target.shape) != tuple(shape)):
                 target = None  # does not fit: a fresh tensor instead, as Ray allows
-            view = slab[offsets[i]:offsets[i] + n].view(dtype).reshape(shape) if n else None
-            if target is not None and target.device.type == "cpu" and n > 0:
+            targets.append(target)
+        direct = [t is not None and t.device.type == "cpu" and n > 0 for t, n in zip(targets, meta.nbytes)]
+        offsets, total = [], 0
+        for n, d in zip(meta.nbytes, direct):
+            offsets.append(total)
+            if not d:
+                total += (n + _ALIGN - 1) // _ALIGN * _ALIGN
+        to_gpu = [not d and n > 0 and (t.device.type == "cuda" if t is not None else to_cuda)
+                  for t, n, d in zip(targets, meta.nbytes, direct)]
+        pinned = torch.cuda.is_available() and any(to_gpu)
+        slab = torch.empty(total, dtype=torch.uint8, pin_memory=pinned) if total else None
+        slab_region = engine.register(slab.data_ptr(), total, False) if total else None
+        tensors, items, regions, copies = [], [], [], []
+        for i, ((shape, dtype), n) in enumerate(zip(meta.tensor_meta, meta.nbytes)):
+            target = targets[i]
+            if direct[i]:
                 region = engine.register(target.data_ptr(), n, False)
                 regions.append(region)
                 tensors.append(target)
                 items.append((region, 0, meta.ranges[index][i], 0, n))
                 continue
+            view = slab[offsets[i]:offsets[i] + n].view(dtype).reshape(shape) if n else None
             if n:
                 items.append((slab_region, offsets[i], meta.ranges[index][i], 0, n))
             if target is not None:

@@ -268,3 +268,19 @@ def test_ray_get_timeout_bounds_a_stalled_read_in_the_driver(cluster):
     assert digest(flatten(value)) == want
     moved = bytes_read(rayfabric.rdt.transport_stats()) - before
     assert moved == 256 * MiB, f"the driver's engine read {moved} bytes: not the fabric path?"
+
+
+def test_target_buffers_in_one_process():
+    """Ray hands the receive pre-allocated buffers when the user asked for them: a CPU buffer that
+    fits is read into directly (the same memory comes back), one that does not fit is replaced by a
+    fresh tensor; the bytes are right either way."""
+    transport = rayfabric.rdt.RayfabricTensorTransport()
+    src = [torch.arange(1 << 18, dtype=torch.float32), torch.arange(1000, dtype=torch.int64)]
+    meta = transport.extract_tensor_transport_metadata("obj-targets", src)
+    fits = torch.empty(1 << 18, dtype=torch.float32)
+    wrong = torch.empty(999, dtype=torch.int64)
+    got = transport.recv_multiple_tensors("obj-targets", meta, rayfabric.rdt.RayfabricCommunicatorMetadata(),
+                                          [fits, wrong])
+    assert got[0].data_ptr() == fits.data_ptr() and torch.equal(got[0], src[0])
+    assert got[1].data_ptr() != wrong.data_ptr() and torch.equal(got[1], src[1])
+    transport.garbage_collect("obj-targets", meta, src)
