@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -32,38 +33,15 @@ struct StatusError : std::runtime_error {
   std::string code;
 };
 
+// StatusCodeName ("InvalidArgument") in Python's constant style ("INVALID_ARGUMENT").
 std::string CodeName(StatusCode code) {
-  switch (code) {
-    case StatusCode::kOk:
-      return "OK";
-    case StatusCode::kInvalidArgument:
-      return "INVALID_ARGUMENT";
-    case StatusCode::kNotFound:
-      return "NOT_FOUND";
-    case StatusCode::kAlreadyExists:
-      return "ALREADY_EXISTS";
-    case StatusCode::kOutOfRange:
-      return "OUT_OF_RANGE";
-    case StatusCode::kPermissionDenied:
-      return "PERMISSION_DENIED";
-    case StatusCode::kResourceExhausted:
-      return "RESOURCE_EXHAUSTED";
-    case StatusCode::kTimedOut:
-      return "TIMED_OUT";
-    case StatusCode::kUnavailable:
-      return "UNAVAILABLE";
-    case StatusCode::kFabricError:
-      return "FABRIC_ERROR";
-    case StatusCode::kProtocolError:
-      return "PROTOCOL_ERROR";
-    case StatusCode::kVersionMismatch:
-      return "VERSION_MISMATCH";
-    case StatusCode::kAborted:
-      return "ABORTED";
-    case StatusCode::kInternal:
-      return "INTERNAL";
+  std::string out;
+  for (const char* c = StatusCodeName(code); *c != '\0'; ++c) {
+    const bool upper = std::isupper(static_cast<unsigned char>(*c)) != 0;
+    if (upper && !out.empty() && std::islower(static_cast<unsigned char>(c[-1])) != 0) out += '_';
+    out += static_cast<char>(std::toupper(static_cast<unsigned char>(*c)));
   }
-  return "UNKNOWN";
+  return out;
 }
 
 void Check(const Status& status) {
