@@ -408,7 +408,9 @@ class RayfabricTensorTransport(TensorTransportManager):
             if engine.provider in theirs:
                 return engine, theirs.index(engine.provider)
         raise RuntimeError(f"rayfabric: no fabric provider in common: this actor has "
-                           f"[{', '.join(e.provider for e in engines)}], the source has [{', '.join(theirs)}]")
+                           f"[{', '.join(e.provider for e in engines)}], the source has [{', '.join(theirs)}]; "
+                           f"give both actors a provider they share (RAYFABRIC_PROVIDER in their runtime_env), "
+                           f"or use another tensor transport")
 
     def _peer(self, engine, address: bytes) -> int:
         key = (id(engine), address)

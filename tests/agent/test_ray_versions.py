@@ -44,6 +44,18 @@ def fetch(refs):
             after["fallbacks"] - before["fallbacks"], dict(after["fallback_reasons"]))
 
 
+def test_rdt_says_which_ray_it_needs():
+    """rayfabric.rdt uses Ray Direct Transport as Ray 2.56 has it: on an older Ray importing it says
+    so (the oldest supported Ray, 2.49, has no such module)."""
+    version = tuple(int(x) for x in ray.__version__.split(".")[:2])
+    if version >= (2, 56):
+        pytest.importorskip("torch", reason="torch is not installed")
+        import rayfabric.rdt  # noqa: F401  (imports cleanly)
+        return
+    with pytest.raises(ImportError, match=r"needs Ray 2\.56\.0 or later.*this is Ray " + ray.__version__):
+        import rayfabric.rdt  # noqa: F401
+
+
 def test_cross_node_get_on_this_ray(cluster):
     ref = on("n0", produce).remote(16 * MiB)
     want = int(np.random.default_rng(7).integers(0, 256, size=16 * MiB, dtype=np.uint8).sum())
