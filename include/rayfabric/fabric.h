@@ -41,6 +41,9 @@ struct ProviderProfile {
   // (sockets). False for tcp and net: then an endpoint nobody polls moves nothing.
   bool bytes_move_without_progress = false;
   bool thread_safe = false;
+  // FI_ADDR_STR (shm: a name holding the process id): addresses differ in length between peers;
+  // every other format has one fixed length, checked against this endpoint's own.
+  bool string_address = false;
 
   // Key lifetime, decided once from the provider's name and the user's FI_* variables (read,
   // never set; see ProfileFromInfo). The lease design relies on these: a descriptor handed out for
@@ -72,6 +75,14 @@ struct ProviderProfile {
   //   refuses to serve on such a provider unless allow_unprotected_memory is set.
   bool enforces_access = true;
   std::string access_note;  // one line: why enforces_access has its value
+
+  // device_memory: the endpoint was opened with FI_HMEM (asked for by EngineOptions::device_memory
+  //   and offered by the provider: verbs and efa built with CUDA, shm): device buffers (CUDA) are
+  //   registered as they are (fi_mr_regattr with their iface) and read into or out of directly,
+  //   without a host copy. Whether this libfabric can really register CUDA memory (built with
+  //   CUDA, driver present) shows only at the first such registration.
+  bool device_memory = false;
+  std::string device_memory_note;  // one line: why device_memory has its value
 };
 
 // One provider/domain libfabric offered, and what we made of it.
@@ -113,6 +124,11 @@ struct EngineOptions {
   // Among domains of one provider, the one holding it is chosen (then any non-loopback one): on a
   // host with several interfaces, the fabric then runs where Ray's own traffic does.
   std::string preferred_ip;
+  // Ask each selected provider and domain for FI_HMEM as well; where it offers it, the engine
+  // registers device (CUDA) memory directly (ProviderProfile::device_memory). Providers without
+  // it (tcp in libfabric up to 2.x, sockets) open as without this option. Off for the agent:
+  // plasma objects are host memory.
+  bool device_memory = false;
 };
 
 // Ranks what fi_info offers for RDM endpoints with RMA and picks the fabrics to open (config:
@@ -133,6 +149,19 @@ enum Access : uint32_t {
   kRemoteWrite = 1u << 3,  // peers may fi_write it (needs EngineOptions::remote_write)
 };
 constexpr uint32_t kLocalAccess = kLocalRead | kLocalWrite;
+
+// Where registered memory lives: host memory, or a CUDA device's (an engine with
+// ProviderProfile::device_memory only).
+struct MemoryLocation {
+  enum class Kind { kHost, kCuda };
+  Kind kind = Kind::kHost;
+  int device = 0;  // CUDA device ordinal
+  bool host() const { return kind == Kind::kHost; }
+  bool operator==(const MemoryLocation& o) const {
+    return kind == o.kind && (kind == Kind::kHost || device == o.device);
+  }
+  std::string ToString() const;  // "host memory", "CUDA device 0 memory"
+};
 
 enum class Sharing {
   kShared,   // a registered region with the same access that covers the range serves it (cache)
@@ -183,6 +212,7 @@ class MemoryRegion {
   RemoteRegion Describe() const;
   void* local_desc() const;
   uint32_t access() const { return access_; }
+  const MemoryLocation& location() const { return location_; }
 
  private:
   friend class EngineCore;
@@ -195,6 +225,7 @@ class MemoryRegion {
   std::string raw_key_;
   uint32_t access_ = 0;
   Sharing sharing_ = Sharing::kShared;
+  MemoryLocation location_;
 };
 
 // A range registered in slices no larger than one registration may be (the profile's
@@ -318,15 +349,19 @@ class Engine {
   // Registers [base, base+length) with exactly `access` (Access bits). With Sharing::kShared a
   // range inside an already registered region of the same access returns that region
   // (registration cache). Where the application picks keys (no FI_MR_PROV_KEY) every key is drawn
-  // at random from the provider's whole key space, so that a key cannot be guessed.
+  // at random from the provider's whole key space, so that a key cannot be guessed. Device memory
+  // (`location` not host) needs an engine with ProviderProfile::device_memory
+  // (InvalidArgument otherwise: stage it through host memory).
   Result<std::shared_ptr<MemoryRegion>> Register(void* base, size_t length,
                                                  uint32_t access = kLocalAccess,
-                                                 Sharing sharing = Sharing::kShared);
+                                                 Sharing sharing = Sharing::kShared,
+                                                 const MemoryLocation& location = {});
 
   // Registers [base, base+length) in slices of at most max_registration_bytes (see Register),
   // each one starting at a multiple of that size from `base`.
   Result<RegisteredRange> RegisterRange(void* base, size_t length, uint32_t access,
-                                        Sharing sharing = Sharing::kShared);
+                                        Sharing sharing = Sharing::kShared,
+                                        const MemoryLocation& location = {});
 
   // Moves `length` bytes between local memory at `local` (inside `local_range`) and the remote
   // slices (their lengths add up to `length`): one transfer per piece that lies in one local and

@@ -434,7 +434,8 @@ def check_hmem_cuda(log_run: FiRun) -> list[Finding]:
     if log_run.error or log_run.rc != 0:
         return []
     staged = ("GPU tensors of the RAYFABRIC tensor transport (rayfabric.rdt) are staged through "
-              "pinned host memory, with a device copy at each end")
+              "pinned host memory, with a device copy at each end (device memory is registered directly "
+              "only with a libfabric that has CUDA)")
     fix = ("for GPUDirect RDMA: a libfabric built with CUDA (e.g. the AWS EFA installer's, or "
            "--with-cuda) next to a NIC that can reach GPU memory; build rayfabric against it with "
            "-Dlibfabric_prefix")
@@ -448,8 +449,11 @@ def check_hmem_cuda(log_run: FiRun) -> list[Finding]:
                         + staged, fix)]
     if "hmem" not in log_run.out.lower():
         return []  # nothing logged about memory interfaces: say nothing rather than guess
-    return [Finding(INFO, "hmem-cuda", "this libfabric initialised FI_HMEM_CUDA; rayfabric does not register "
-                    "device memory yet: " + staged, "")]
+    return [Finding(INFO, "hmem-cuda", "this libfabric initialised FI_HMEM_CUDA: the RAYFABRIC tensor transport "
+                    "registers CUDA tensors directly on providers that offer FI_HMEM (verbs or efa built with "
+                    "CUDA, shm) and stages them through pinned host memory on the others (tcp, sockets); "
+                    "with shm (or efa, which opens shm inside) set FI_MR_CACHE_MAX_COUNT yourself "
+                    "(docs/rdt.md, GPU tensors)", "")]
 
 
 def has_cap_ipc_lock(proc_status_text: str) -> bool:

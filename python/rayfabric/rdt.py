@@ -123,6 +123,11 @@ class RayfabricTensorTransport(TensorTransportManager):
         # nobody else uses (never handed to the user).
         self._undrained = []
         self._actors_with_transport = set()  # actor ids (hex) whose engines opened
+        # CUDA buffers registered as they are (FI_HMEM) where the engine offers it, until a
+        # registration fails (a libfabric without CUDA): then staged through pinned host memory.
+        self._device_memory_failed = None  # why direct registration of device memory was given up
+        self._bytes = {"sent_from_device": 0, "sent_staged": 0, "received_into_device": 0,
+                       "received_staged": 0}
 
     # ------------------------------------------------------------------ the engines
 
@@ -148,13 +153,14 @@ class RayfabricTensorTransport(TensorTransportManager):
                 except Exception:  # noqa: BLE001 - outside a Ray process
                     ip = ""
                 engines, seen = [], set()
-                for engine in module.open_all({"max_rails": "1"}, ip):
+                for engine in module.open_all({"max_rails": "1"}, ip, True):
                     if engine.provider not in seen:
                         seen.add(engine.provider)
                         engines.append(engine)
                 self._engines[role] = engines
                 logger.info("rayfabric RDT %s engines: %s", role,
-                            ", ".join(f"{e.provider}/{e.domain}" for e in engines))
+                            ", ".join(f"{e.provider}/{e.domain} (device memory: {e.device_memory_note})"
+                                      for e in engines))
             return self._engines[role]
 
     def stats(self):
@@ -166,7 +172,22 @@ class RayfabricTensorTransport(TensorTransportManager):
                     out[f"{role} {e.provider}"] = e.stats()
             out["registered_buffers"] = len(self._registrations)
             out["objects"] = len(self._objects)
+            for role, engines in self._engines.items():
+                for e in engines:
+                    out[f"device_memory {role} {e.provider}"] = e.device_memory_note
+            out["device_memory_failed"] = self._device_memory_failed
+            out.update({f"bytes_{k}": v for k, v in self._bytes.items()})
             return out
+
+    def _device_memory_ok(self, engines) -> bool:
+        """Whether CUDA buffers are registered directly with these engines (FI_HMEM on each)."""
+        return bool(engines) and all(e.device_memory for e in engines) and self._device_memory_failed is None
+
+    def _give_up_device_memory(self, error):
+        if self._device_memory_failed is None:
+            logger.warning("rayfabric RDT: registering CUDA memory failed (%s); CUDA tensors are "
+                           "staged through pinned host memory from now on in this process", error)
+        self._device_memory_failed = str(error)
 
     # ------------------------------------------------------------------ the interface
 
@@ -235,19 +256,35 @@ class RayfabricTensorTransport(TensorTransportManager):
                         continue
                     if t.is_conj() or t.is_neg():  # lazy bits: the stored bytes are not the values
                         t = t.resolve_conj().resolve_neg()
-                    if t.device.type == "cuda":
-                        # Staged: a pinned host copy taken now, registered for this object alone.
-                        # This libfabric has no FI_HMEM_CUDA (rayfabric doctor says whether yours
-                        # does), so device memory itself is never registered.
+                    reg = None
+                    if t.device.type == "cuda" and self._device_memory_ok(engines):
+                        # FI_HMEM: the device memory itself, registered (read-only) on every fabric.
+                        key = ("cuda", t.data_ptr(), n)
+                        reg = self._registrations.get(key)
+                        if reg is None:
+                            try:
+                                reg = self._register_source(t, n, engines, t.device.index)
+                            except Exception as e:  # noqa: BLE001 - FabricError: stage instead
+                                self._give_up_device_memory(e)
+                            else:
+                                self._registrations[key] = reg
+                        if reg is not None:
+                            self._bytes["sent_from_device"] += n
+                    if reg is None and t.device.type == "cuda":
+                        # Staged: a pinned host copy taken now, registered for this object alone
+                        # (no FI_HMEM on some fabric of this process, or no CUDA in libfabric).
                         buffer = torch.empty(n, dtype=torch.uint8, pin_memory=True)
                         buffer.copy_(t.reshape(-1).view(torch.uint8))
                         key = ("staged", obj_id, i)
-                    else:
-                        buffer, key = t, (t.data_ptr(), n)
-                    reg = self._registrations.get(key)
-                    if reg is None:
-                        reg = _Registration(buffer, [e.register(buffer.data_ptr(), n, True) for e in engines])
+                        reg = self._register_source(buffer, n, engines)
                         self._registrations[key] = reg
+                        self._bytes["sent_staged"] += n
+                    elif reg is None:
+                        key = ("cpu", t.data_ptr(), n)
+                        reg = self._registrations.get(key)
+                        if reg is None:
+                            reg = self._register_source(t, n, engines)
+                            self._registrations[key] = reg
                     reg.count += 1
                     keys.append(key)
                     for per_fabric, region in zip(ranges, reg.regions):
@@ -283,10 +320,10 @@ class RayfabricTensorTransport(TensorTransportManager):
         engine, index = self._shared_engine(meta, self.engines("read"))
         peer = self._peer(engine, meta.fabrics[index][1])
         to_cuda = meta.tensor_device == "cuda"
-        # Where each tensor lands: a CPU target buffer that fits exactly is read into directly;
-        # everything else is read into one allocation (the slab: pinned when some of it is then
-        # copied to a GPU), of which CPU results are views and GPU results copies. The slab holds
-        # only what needs it.
+        # Where each tensor lands: a CPU target buffer that fits exactly is read into directly, and
+        # so is a GPU tensor where the engine registers device memory (FI_HMEM); everything else
+        # is read into one allocation (the slab: pinned when some of it is then copied to a GPU),
+        # of which CPU results are views and GPU results copies. The slab holds only what needs it.
         targets = []
         for i, (shape, dtype) in enumerate(meta.tensor_meta):
             target = target_buffers[i] if target_buffers and i < len(target_buffers) else None
@@ -295,19 +332,32 @@ class RayfabricTensorTransport(TensorTransportManager):
                 target = None  # does not fit: a fresh tensor instead, as Ray allows
             targets.append(target)
         direct = [t is not None and t.device.type == "cpu" and n > 0 for t, n in zip(targets, meta.nbytes)]
+        to_gpu = [not d and n > 0 and (t.device.type == "cuda" if t is not None else to_cuda)
+                  for t, n, d in zip(targets, meta.nbytes, direct)]
+        # FI_HMEM: tensors bound for a GPU are read straight into device memory.
+        on_device = self._device_destinations(engine, meta, targets, to_gpu)
+        for i, (out, region) in on_device.items():
+            direct[i], to_gpu[i] = True, False
         offsets, total = [], 0
         for n, d in zip(meta.nbytes, direct):
             offsets.append(total)
             if not d:
                 total += (n + _ALIGN - 1) // _ALIGN * _ALIGN
-        to_gpu = [not d and n > 0 and (t.device.type == "cuda" if t is not None else to_cuda)
-                  for t, n, d in zip(targets, meta.nbytes, direct)]
+        with self._lock:
+            self._bytes["received_into_device"] += sum(meta.nbytes[i] for i in on_device)
+            self._bytes["received_staged"] += sum(n for n, g in zip(meta.nbytes, to_gpu) if g)
         pinned = torch.cuda.is_available() and any(to_gpu)
         slab = torch.empty(total, dtype=torch.uint8, pin_memory=pinned) if total else None
         slab_region = engine.register(slab.data_ptr(), total, False) if total else None
         tensors, items, regions, copies = [], [], [], []
         for i, ((shape, dtype), n) in enumerate(zip(meta.tensor_meta, meta.nbytes)):
             target = targets[i]
+            if i in on_device:
+                out, region = on_device[i]
+                regions.append(region)
+                tensors.append(out)
+                items.append((region, 0, meta.ranges[index][i], 0, n))
+                continue
             if direct[i]:
                 region = engine.register(target.data_ptr(), n, False)
                 regions.append(region)
@@ -391,6 +441,19 @@ class RayfabricTensorTransport(TensorTransportManager):
             if transfer is not None and not transfer.quiesced():
                 self._undrained.append((transfer, held))
 
+    @staticmethod
+    def _register_source(buffer, n, engines, cuda_device=-1):
+        """`buffer` registered for remote read on every engine (all or none)."""
+        regions = []
+        try:
+            for e in engines:
+                regions.append(e.register(buffer.data_ptr(), n, True, cuda_device))
+        except BaseException:
+            for region in regions:
+                region.release()
+            raise
+        return _Registration(buffer, regions)
+
     def _release(self, keys):
         for key in keys:
             reg = self._registrations.get(key)
@@ -401,6 +464,32 @@ class RayfabricTensorTransport(TensorTransportManager):
                 for region in reg.regions:
                     region.release()
                 del self._registrations[key]
+
+    def _device_destinations(self, engine, meta, targets, to_gpu):
+        """{tensor index: (cuda tensor, its registration)} for the tensors bound for a GPU, when
+        `engine` registers device memory (empty otherwise, or if a registration fails: then they
+        are staged, and so are later ones)."""
+        import torch
+
+        wanted = [i for i, g in enumerate(to_gpu) if g]
+        if not wanted or not self._device_memory_ok([engine]):
+            return {}
+        out = {}
+        try:
+            for i in wanted:
+                shape, dtype = meta.tensor_meta[i]
+                t = targets[i] if targets[i] is not None else torch.empty(shape, dtype=dtype, device="cuda")
+                out[i] = (t, engine.register(t.data_ptr(), meta.nbytes[i], False, t.device.index))
+            # The fabric writes outside CUDA's stream order: kernels still queued on memory the
+            # caching allocator handed back (or on a target buffer) must be done first.
+            for d in {t.device for t, _ in out.values()}:
+                torch.cuda.synchronize(d)
+        except Exception as e:  # noqa: BLE001 - FabricError: stage instead
+            for _, region in out.values():
+                region.release()
+            self._give_up_device_memory(e)
+            return {}
+        return out
 
     def _shared_engine(self, meta, engines):
         theirs = [provider for provider, _ in meta.fabrics or []]

@@ -217,11 +217,25 @@ Result<PeerId> EngineCore::AddPeer(const FabricAddress& peer) {
   auto it = peers_.find(address);
   if (it != peers_.end()) return it->second;
   if (!eps_.ep) return Unavailable("the fabric endpoint is not open (a reset failed to reopen it)");
-  const size_t own = AddressLocked().size();
-  if (address.empty() || address.size() != own) {
+  const std::string own = AddressLocked();
+  bool fits = !address.empty() && address.size() == own.size();
+  std::string expected = std::to_string(own.size()) + " bytes";
+  if (profile_.string_address) {
+    // A name in this provider's scheme ("fi_shm://"), NUL-terminated, no NUL inside, no longer
+    // than AddressLocked reads.
+    constexpr size_t kMaxStringAddress = 256;
+    const size_t scheme_end = own.find("://");
+    const std::string scheme = scheme_end == std::string::npos ? "" : own.substr(0, scheme_end + 3);
+    fits = address.size() > scheme.size() && address.size() <= kMaxStringAddress &&
+           address.compare(0, scheme.size(), scheme) == 0 && address.back() == '\0' &&
+           address.find('\0') == address.size() - 1;
+    expected = "a NUL-terminated name starting with '" + scheme + "', at most " +
+               std::to_string(kMaxStringAddress) + " bytes";
+  }
+  if (!fits) {
     return InvalidArgument("peer address of " + std::to_string(address.size()) +
-                           " bytes is not a " + profile_.provider + " address (" +
-                           std::to_string(own) + " bytes here)");
+                           " bytes is not a " + profile_.provider + " address (" + expected +
+                           " here)");
   }
   fi_addr_t fi_addr = FI_ADDR_UNSPEC;
   int ret = fi_av_insert(eps_.av.get(), address.data(), 1, &fi_addr, 0, nullptr);

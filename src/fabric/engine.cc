@@ -49,8 +49,9 @@ const ProviderProfile& Engine::profile() const { return core_->profile_; }
 FabricAddress Engine::Address() const { return core_->Address(); }
 Result<PeerId> Engine::AddPeer(const FabricAddress& address) { return core_->AddPeer(address); }
 Result<std::shared_ptr<MemoryRegion>> Engine::Register(void* base, size_t length, uint32_t access,
-                                                       Sharing sharing) {
-  return core_->Register(base, length, access, sharing);
+                                                       Sharing sharing,
+                                                       const MemoryLocation& location) {
+  return core_->Register(base, length, access, sharing, location);
 }
 Result<Transfer> Engine::Start(RmaOp op, PeerId peer, const RemoteRegion& remote,
                                const std::shared_ptr<MemoryRegion>& local_region,
@@ -59,8 +60,8 @@ Result<Transfer> Engine::Start(RmaOp op, PeerId peer, const RemoteRegion& remote
 }
 
 Result<RegisteredRange> Engine::RegisterRange(void* base, size_t length, uint32_t access,
-                                              Sharing sharing) {
-  return core_->RegisterRange(base, length, access, sharing);
+                                              Sharing sharing, const MemoryLocation& location) {
+  return core_->RegisterRange(base, length, access, sharing, location);
 }
 Result<Transfer> Engine::StartRange(RmaOp op, PeerId peer, const std::vector<RemoteSlice>& remote,
                                     const RegisteredRange& local_range, void* local,

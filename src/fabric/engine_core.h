@@ -117,14 +117,14 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void Stop();
 
   Result<std::shared_ptr<MemoryRegion>> Register(void* base, size_t length, uint32_t access,
-                                                 Sharing sharing);
+                                                 Sharing sharing, const MemoryLocation& location);
   void Deregister(MemoryRegion* region);
   Result<PeerId> AddPeer(const FabricAddress& address);
   Result<Transfer> Start(RmaOp op, PeerId peer, const RemoteRegion& remote,
                          const std::shared_ptr<MemoryRegion>& local_region,
                          const std::vector<RmaSpan>& spans);
-  Result<RegisteredRange> RegisterRange(void* base, size_t length, uint32_t access,
-                                        Sharing sharing);
+  Result<RegisteredRange> RegisterRange(void* base, size_t length, uint32_t access, Sharing sharing,
+                                        const MemoryLocation& location);
   Result<Transfer> StartRange(RmaOp op, PeerId peer, const std::vector<RemoteSlice>& remote,
                               const RegisteredRange& local_range, void* local, size_t length);
   void Cancel(TransferState& t, const std::string& why);

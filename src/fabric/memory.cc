@@ -41,7 +41,32 @@ std::string AccessName(uint32_t access) {
   return s.empty() ? "none" : s.substr(1);
 }
 
+// One registration call: fi_mr_reg for host memory (as every provider takes it), fi_mr_regattr
+// with the device's iface for device memory (FI_HMEM).
+int RegisterCall(struct fid_domain* domain, MemoryRegion& region, const MemoryLocation& location,
+                 uint64_t fi_access, uint64_t requested_key, struct fid_mr** mr) {
+  if (location.host()) {
+    return fi_mr_reg(domain, region.base(), region.length(), fi_access, 0, requested_key, 0, mr,
+                     nullptr);
+  }
+  struct iovec iov {};
+  iov.iov_base = region.base();
+  iov.iov_len = region.length();
+  struct fi_mr_attr attr {};
+  attr.mr_iov = &iov;
+  attr.iov_count = 1;
+  attr.access = fi_access;
+  attr.requested_key = requested_key;
+  attr.iface = FI_HMEM_CUDA;
+  attr.device.cuda = location.device;
+  return fi_mr_regattr(domain, &attr, 0, mr);
+}
+
 }  // namespace
+
+std::string MemoryLocation::ToString() const {
+  return host() ? "host memory" : "CUDA device " + std::to_string(device) + " memory";
+}
 
 Status EngineCore::RegisterWithKey(MemoryRegion& region, uint64_t fi_access) {
   // With FI_MR_PROV_KEY the provider picks the key (verbs: the HCA's rkey; efa likewise).
@@ -51,15 +76,26 @@ Status EngineCore::RegisterWithKey(MemoryRegion& region, uint64_t fi_access) {
     if (!profile_.prov_key) {
       RF_ASSIGN_OR_RETURN(requested_key, RandomKey(profile_.key_size));
     }
-    int ret = fi_mr_reg(domain_.get(), region.base_, region.length_, fi_access, 0, requested_key, 0,
-                        &region.mr_, nullptr);
+    int ret = RegisterCall(domain_.get(), region, region.location_, fi_access, requested_key,
+                           &region.mr_);
     if (ret == -FI_ENOKEY && !profile_.prov_key && attempt < 8) continue;
     if (ret) {
       region.mr_ = nullptr;
-      Status s = FabricStatus(ret, "fi_mr_reg of " + HumanBytes(region.length_) + " (" +
-                                       AccessName(region.access_) + ") on " + profile_.provider);
+      const bool host = region.location_.host();
+      Status s =
+          FabricStatus(ret, std::string(host ? "fi_mr_reg" : "fi_mr_regattr") + " of " +
+                                HumanBytes(region.length_) + " of " + region.location_.ToString() +
+                                " (" + AccessName(region.access_) + ") on " + profile_.provider);
       if (s.code() == StatusCode::kResourceExhausted) {
         return ResourceExhausted(s.message() + MemlockHint());
+      }
+      if (!host) {
+        // The provider offered FI_HMEM, yet this libfabric may be built without CUDA or find no
+        // driver: only the registration tells.
+        return Status(s.code(), s.message() +
+                                    "; does this libfabric support CUDA memory? `rayfabric "
+                                    "doctor` says (finding hmem-cuda); otherwise stage device "
+                                    "buffers through host memory");
       }
       return s;
     }
@@ -68,9 +104,15 @@ Status EngineCore::RegisterWithKey(MemoryRegion& region, uint64_t fi_access) {
 }
 
 Result<std::shared_ptr<MemoryRegion>> EngineCore::Register(void* base, size_t length,
-                                                           uint32_t access, Sharing sharing) {
+                                                           uint32_t access, Sharing sharing,
+                                                           const MemoryLocation& location) {
   if (base == nullptr || length == 0) return InvalidArgument("Register: empty region");
   if (access == 0) return InvalidArgument("Register: no access asked for");
+  if (!location.host() && !profile_.device_memory) {
+    return InvalidArgument("Register: " + location.ToString() + " on " + profile_.provider + "/" +
+                           profile_.domain + ", which was not opened for device memory (" +
+                           profile_.device_memory_note + "): stage the buffer through host memory");
+  }
   if ((access & kRemoteWrite) && !remote_write_) {
     return InvalidArgument(
         "Register: remote write asked for on an engine opened without "
@@ -89,7 +131,7 @@ Result<std::shared_ptr<MemoryRegion>> EngineCore::Register(void* base, size_t le
       --it;
       if (auto region = it->second.weak.lock()) {
         if (region->sharing_ == Sharing::kShared && region->access_ == access &&
-            region->Contains(base, length)) {
+            region->location_ == location && region->Contains(base, length)) {
           return region;
         }
         seen.push_back(std::move(region));
@@ -101,6 +143,7 @@ Result<std::shared_ptr<MemoryRegion>> EngineCore::Register(void* base, size_t le
   region->length_ = length;
   region->access_ = access;
   region->sharing_ = sharing;
+  region->location_ = location;
   RF_RETURN_IF_ERROR(RegisterWithKey(*region, FabricAccess(access)));
   if (profile_.endpoint_mr) {
     int ret = fi_mr_bind(region->mr_, &eps_.ep.get()->fid, 0);
@@ -133,13 +176,13 @@ Result<std::shared_ptr<MemoryRegion>> EngineCore::Register(void* base, size_t le
 }
 
 Result<RegisteredRange> EngineCore::RegisterRange(void* base, size_t length, uint32_t access,
-                                                  Sharing sharing) {
+                                                  Sharing sharing, const MemoryLocation& location) {
   if (base == nullptr || length == 0) return InvalidArgument("RegisterRange: empty range");
   const uint64_t slice = profile_.max_registration_bytes;
   RegisteredRange range;
   for (size_t at = 0; at < length; at += slice) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(slice, length - at));
-    auto region = Register(static_cast<char*>(base) + at, n, access, sharing);
+    auto region = Register(static_cast<char*>(base) + at, n, access, sharing, location);
     if (!region.ok()) {
       return region.status().WithContext(
           "registering slice " + std::to_string(range.slices.size() + 1) + " of " +

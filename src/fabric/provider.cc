@@ -208,6 +208,10 @@ ProviderProfile ProfileFromInfo(const struct fi_info* info) {
   const std::string core = p.provider.substr(0, p.provider.find(';'));
   p.bytes_move_without_progress = !((core == "tcp" || core == "net") && p.manual_progress);
   p.thread_safe = info->domain_attr->threading == FI_THREAD_SAFE;
+  p.string_address = info->addr_format == FI_ADDR_STR;
+  p.device_memory = (info->caps & FI_HMEM) != 0;
+  p.device_memory_note =
+      p.device_memory ? "FI_HMEM offered: device buffers registered directly" : "host memory only";
   DecideKeyLifetime(p);
   return p;
 }
@@ -272,6 +276,47 @@ struct Entry {
   int domain_score = 0;  // among domains of one provider: holds the node's IP, not loopback
   std::string domain_why;
 };
+
+}  // namespace
+
+namespace {
+
+// EngineOptions::device_memory: asks libfabric again for the same provider and domain with FI_HMEM
+// (and FI_MR_HMEM, which providers that need descriptors for device buffers demand). Where it
+// answers, the engine opens with that entry; otherwise `selected` stays as it was, noted.
+void OfferDeviceMemory(SelectedProvider& selected, const EngineOptions& options) {
+  const ProviderProfile& host = selected.report.chosen;
+  auto hints = EngineHints(options);
+  hints->caps |= FI_HMEM;
+  hints->domain_attr->mr_mode |= FI_MR_HMEM;
+  hints->fabric_attr->prov_name = strdup(host.provider.c_str());
+  hints->domain_attr->name = strdup(host.domain.c_str());
+  struct fi_info* raw = nullptr;
+  const int ret = fi_getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, hints.get(), &raw);
+  std::unique_ptr<struct fi_info, InfoDeleter> infos(raw);
+  const struct fi_info* match = nullptr;
+  for (const struct fi_info* i = ret == 0 ? infos.get() : nullptr; i != nullptr; i = i->next) {
+    const bool same = i->fabric_attr->prov_name && host.provider == i->fabric_attr->prov_name &&
+                      i->domain_attr->name && host.domain == i->domain_attr->name &&
+                      (i->caps & FI_HMEM) != 0;
+    if (!same) continue;
+    if (match == nullptr || i->addr_format == selected.info->addr_format) match = i;
+    if (i->addr_format == selected.info->addr_format) break;
+  }
+  if (match == nullptr) {
+    selected.report.chosen.device_memory_note =
+        host.provider + " offers no FI_HMEM" +
+        (ret != 0 && ret != -FI_ENODATA ? " (fi_getinfo: " + std::string(fi_strerror(-ret)) + ")"
+                                        : std::string()) +
+        ": device buffers are staged through host memory";
+    return;
+  }
+  selected.info.reset(fi_dupinfo(match));
+  ProviderProfile upgraded = ProfileFromInfo(match);
+  upgraded.device_memory_note =
+      "FI_HMEM offered by " + host.provider + ": device (CUDA) buffers registered directly";
+  selected.report.chosen = std::move(upgraded);
+}
 
 }  // namespace
 
@@ -553,6 +598,9 @@ Result<std::vector<SelectedProvider>> SelectFabrics(const Config& config,
     ordered.push_back(std::move(s));
     for (size_t k = 1; k < rails[i].size(); ++k) ordered.push_back(std::move(out[next_rail++]));
   }
+  if (options.device_memory) {
+    for (SelectedProvider& s : ordered) OfferDeviceMemory(s, options);
+  }
   return ordered;
 }
 
@@ -582,6 +630,8 @@ std::string ProviderReport::ToString() const {
      << " deregistration_revokes_keys=" << (p.deregistration_revokes_keys ? "yes" : "NO") << " ("
      << p.key_lifetime << ")\n";
   os << "  access: enforced=" << (p.enforces_access ? "yes" : "NO") << " (" << p.access_note
+     << ")\n";
+  os << "  device memory: " << (p.device_memory ? "yes" : "no") << " (" << p.device_memory_note
      << ")\n";
   os << "  fabrics opened by an agent:";
   for (const auto& f : fabrics) {

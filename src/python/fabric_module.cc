@@ -137,8 +137,10 @@ class Engine {
 
   // remote_read: peers holding the descriptor may fi_read it, until release (a registration of
   // its own, never shared, so that releasing it ends the exposure). Otherwise: a destination of
-  // this engine's reads (shared with any registration that already covers it).
-  std::shared_ptr<Region> Register(uintptr_t address, size_t length, bool remote_read) {
+  // this engine's reads (shared with any registration that already covers it). cuda_device >= 0:
+  // the buffer is that CUDA device's memory (an engine with device_memory only).
+  std::shared_ptr<Region> Register(uintptr_t address, size_t length, bool remote_read,
+                                   int cuda_device) {
     if (address == 0 || length == 0) {
       Check(InvalidArgument("register: empty buffer (address " + std::to_string(address) + ", " +
                             std::to_string(length) + " bytes)"));
@@ -155,11 +157,16 @@ class Engine {
     }
     const uint32_t access = remote_read ? fabric::kRemoteRead : fabric::kLocalRead;
     const auto sharing = remote_read ? fabric::Sharing::kPrivate : fabric::Sharing::kShared;
+    fabric::MemoryLocation location;
+    if (cuda_device >= 0) {
+      location.kind = fabric::MemoryLocation::Kind::kCuda;
+      location.device = cuda_device;
+    }
     fabric::RegisteredRange range;
     {
       py::gil_scoped_release release;
-      range =
-          Take(engine_->RegisterRange(reinterpret_cast<void*>(address), length, access, sharing));
+      range = Take(engine_->RegisterRange(reinterpret_cast<void*>(address), length, access, sharing,
+                                          location));
     }
     return std::make_shared<Region>(std::move(range), address, length, engine_.get());
   }
@@ -249,13 +256,15 @@ class Engine {
 };
 
 // Every fabric the configuration selects, best first (as the agent opens them).
+// device_memory: ask each provider for FI_HMEM too (Engine.device_memory says who offered it).
 std::vector<std::shared_ptr<Engine>> OpenAll(const std::map<std::string, std::string>& overrides,
-                                             const std::string& preferred_ip) {
+                                             const std::string& preferred_ip, bool device_memory) {
   Config config = Config::FromEnvironment();
   for (const auto& [name, value] : overrides) Check(config.Set(name, value));
   const bool allow_unprotected = Take(config.GetBool("allow_unprotected_memory"));
   fabric::EngineOptions options;
   options.preferred_ip = preferred_ip;
+  options.device_memory = device_memory;
   std::vector<std::unique_ptr<fabric::Engine>> engines;
   {
     py::gil_scoped_release release;
@@ -307,14 +316,18 @@ PYBIND11_MODULE(_fabric, m) {
       .def_property_readonly("enforces_access",
                              [](const Engine& e) { return e.profile().enforces_access; })
       .def_property_readonly("access_note", [](const Engine& e) { return e.profile().access_note; })
+      .def_property_readonly("device_memory",
+                             [](const Engine& e) { return e.profile().device_memory; })
+      .def_property_readonly("device_memory_note",
+                             [](const Engine& e) { return e.profile().device_memory_note; })
       .def("report", &Engine::Report)
       .def("address", &Engine::Address)
       .def("add_peer", &Engine::AddPeer, py::arg("address"))
       .def("register", &Engine::Register, py::arg("address"), py::arg("length"),
-           py::arg("remote_read"), py::keep_alive<0, 1>())
+           py::arg("remote_read"), py::arg("cuda_device") = -1, py::keep_alive<0, 1>())
       .def("read", &Engine::Read, py::arg("peer"), py::arg("items"), py::keep_alive<0, 1>())
       .def("stats", &Engine::Stats);
 
   m.def("open_all", &OpenAll, py::arg("overrides") = std::map<std::string, std::string>{},
-        py::arg("preferred_ip") = "");
+        py::arg("preferred_ip") = "", py::arg("device_memory") = false);
 }

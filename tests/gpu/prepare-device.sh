@@ -6,6 +6,16 @@
 # the GPU machine, with those three folders carried:
 #   export LD_LIBRARY_PATH=$PWD/.devlibs RAYFABRIC_BIN_DIR=$PWD/.devbuild RAYFABRIC_RAY_STUB=$PWD/.devstub
 #   python3 tests/gpu/gpu_rdt_check.py --mib 256
+# or all device checks at once: bash tests/gpu/device-check.sh 256
+#
+# LIBFABRIC_CUDA=<prefix>: also carry a libfabric built with CUDA (.devlibs/cuda, with the CUDA
+# runtime it dlopens), for the FI_HMEM checks of device-check.sh. Built here (Debian's libfabric
+# has no CUDA) from libfabric's v1.22.0 source with the CUDA toolkit of /usr/local/cuda:
+#   ./autogen.sh && ./configure --prefix=<prefix> --with-cuda=/usr/local/cuda --enable-cuda-dlopen \
+#     --disable-verbs --disable-efa --disable-psm2 --disable-psm3 --disable-opx --disable-usnic \
+#     --disable-ucx --disable-lpp --disable-sm2 && make -j2 install
+# (its hmem_cuda.c includes nvml.h, which the toolkit here lacks: the nvidia-nvml-dev-cu12 wheel
+# has it; copy it into the source's include/.)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY312=${PY312:-/root/.pyenv/versions/3.12.1/bin/python3.12}  # any Python 3.12 with its headers
@@ -20,6 +30,12 @@ cp -L "$lib" .devlibs/
 for dep in $(ldd "$lib" | awk '/=> \//{print $3}'); do
   case $(basename "$dep") in libc.so*|libm.so*|libpthread*|libdl*|ld-linux*) ;; *) cp -L "$dep" .devlibs/ ;; esac
 done
+if [ -n "${LIBFABRIC_CUDA:-}" ]; then
+  mkdir -p .devlibs/cuda
+  cp -L "$LIBFABRIC_CUDA/lib/libfabric.so.1" .devlibs/cuda/
+  # libfabric dlopens "libcudart.so" (unversioned): the toolkit's runtime, under that name.
+  cp -L "${CUDA_HOME:-/usr/local/cuda}/lib64/libcudart.so" .devlibs/cuda/libcudart.so
+fi
 ray_dir=$(python3 -c 'import os, ray; print(os.path.dirname(ray.__file__))')
 touch .devstub/ray/__init__.py .devstub/ray/experimental/__init__.py .devstub/ray/experimental/rdt/__init__.py
 cp "$ray_dir/experimental/rdt/tensor_transport_manager.py" .devstub/ray/experimental/rdt/

@@ -863,7 +863,7 @@ def test_hmem_cuda_from_libfabric_init_log():
     assert f.code == "hmem-cuda-failed" and "No such device" in f.message
     ok = "libfabric:1:2::core:core:ofi_hmem_init():247<info> Hmem iface FI_HMEM_ROCR not supported\n"
     [f] = doctor.check_hmem_cuda(FiRun(["fi_info", "-l"], rc=0, out=ok))
-    assert f.code == "hmem-cuda" and "does not register device memory yet" in f.message
+    assert f.code == "hmem-cuda" and "registers CUDA tensors directly on providers that offer FI_HMEM" in f.message
     assert doctor.check_hmem_cuda(FiRun(["fi_info", "-l"], rc=0, out="tcp\nsockets\n")) == []
     assert doctor.check_hmem_cuda(FiRun(["fi_info", "-l"], error="fi_info not found")) == []
 

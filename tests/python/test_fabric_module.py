@@ -112,3 +112,42 @@ def test_regions_belong_to_their_engine_and_waits_are_bounded(pair):
     assert np.array_equal(src, dst)
     with pytest.raises(f.FabricError, match="NaN"):
         t.wait(float("nan"))
+
+
+def test_shm_peers_whose_names_differ_in_length_read_each_other():
+    # shm names carry the process id and an endpoint index ("fi_shm://31052:0:9" vs "...:0:10"):
+    # peers' addresses differ in length (FI_ADDR_STR), unlike every fixed-size format.
+    opts = {"provider": "shm", "allow_unprotected_memory": "true", "max_rails": "1"}
+    engines = [f.open_all(opts, "")[0] for _ in range(11)]
+    short, long_ = engines[0], engines[-1]
+    assert len(short.address()) != len(long_.address())
+    src, dst = buffers(1 << 20, seed=5)
+    rs = long_.register(src.ctypes.data, src.nbytes, True)
+    rd = short.register(dst.ctypes.data, dst.nbytes, False)
+    short.read(short.add_peer(long_.address()), [(rd, 0, rs.describe(), 0, src.nbytes)]).wait(30)
+    assert np.array_equal(src, dst)
+    with pytest.raises(f.FabricError, match="not a shm address"):
+        short.add_peer(long_.address()[:-6] + b"\x00ab:0\x00")  # a NUL inside the name
+
+
+def test_device_memory_where_the_provider_offers_it_and_a_clear_error_where_not():
+    # FI_HMEM is asked for only when device_memory is set: shm offers it (registering CUDA memory
+    # then depends on libfabric's CUDA support, absent from Debian's build: a clear error), tcp
+    # does not (refused before libfabric is asked, saying to stage through host memory).
+    host = np.zeros(1 << 16, dtype=np.uint8)
+    plain = f.open_all({"provider": "shm"}, "")[0]
+    assert not plain.device_memory and plain.device_memory_note == "host memory only"
+    shm = f.open_all({"provider": "shm", "allow_unprotected_memory": "true"}, "", True)[0]
+    assert shm.device_memory and "FI_HMEM offered by shm" in shm.device_memory_note
+    shm.register(host.ctypes.data, host.nbytes, True).release()  # host memory as before
+    tcp = f.open_all({"provider": "tcp"}, "", True)[0]
+    assert not tcp.device_memory and "offers no FI_HMEM" in tcp.device_memory_note
+    with pytest.raises(f.FabricError) as e:
+        tcp.register(host.ctypes.data, host.nbytes, False, 0)
+    assert e.value.code == "INVALID_ARGUMENT" and "stage the buffer through host memory" in str(e.value)
+    try:
+        shm.register(host.ctypes.data, host.nbytes, False, 0).release()
+    except f.FabricError as e:  # no CUDA in this libfabric (or no GPU): said, with what to do
+        assert "CUDA device 0 memory" in str(e) and "rayfabric doctor" in str(e), e
+    else:  # a libfabric with CUDA accepted a host pointer as device memory: not expected here
+        pytest.fail("a host buffer was registered as CUDA memory")
