@@ -29,13 +29,13 @@ RAY_VERSION=$(cat python/RAY_VERSION)
 if ! $PY -c "import ray, sys; sys.exit(ray.__version__ != '$RAY_VERSION')" 2>/dev/null ||
    ! $PY -c "import numpy, pandas, pytest, matplotlib" 2>/dev/null; then
   echo "[setup] pip install ray==$RAY_VERSION numpy pandas pytest matplotlib"
-  $PY -m pip install -q "ray[default]==$RAY_VERSION" numpy pandas pytest matplotlib
+  PYTHON=$PY bash scripts/pip-install.sh -q "ray[default]==$RAY_VERSION" numpy pandas pytest matplotlib
 fi
 # torch: the RDT tests and `rayfabric bench --tensors` (Ray Direct Transport moves torch tensors).
 # RAYFABRIC_NO_TORCH=1 skips it (~3 GB with its CUDA libraries); those tests then say they skipped.
 if [ "${RAYFABRIC_NO_TORCH:-0}" != 1 ] && ! $PY -c "import torch" 2>/dev/null; then
   echo "[setup] pip install torch"
-  $PY -m pip install -q torch
+  PYTHON=$PY bash scripts/pip-install.sh -q torch
 fi
 
 # rayfabric._fabric is built for the Python that runs Ray here.

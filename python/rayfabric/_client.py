@@ -52,6 +52,7 @@ class AgentClient:
         self._release = call("ReleaseLeases", pb.ReleaseRequest, pb.ReleaseReply)
         self._pull = call("Pull", pb.PullRequest, pb.PullReply)
         self._status = call("GetStatus", pb.StatusRequest, pb.StatusReply)
+        self._report_fallbacks = call("ReportFallbacks", pb.ReportFallbacksRequest, pb.ReportFallbacksReply)
 
     def info(self, timeout=10):
         return self._info(pb.InfoRequest(protocol_version=PROTOCOL), timeout=timeout)
@@ -81,6 +82,12 @@ class AgentClient:
 
     def status(self, timeout=10):
         return self._status(pb.StatusRequest(protocol_version=PROTOCOL), timeout=timeout)
+
+    def report_fallbacks(self, counts, timeout=2, protocol_version=PROTOCOL):
+        """counts: iterable of (reason, objects) this process left to Ray's path (local socket only)."""
+        req = pb.ReportFallbacksRequest(protocol_version=protocol_version,
+                                        fallbacks=[pb.FallbackCount(reason=r, objects=n) for r, n in counts])
+        return self._report_fallbacks(req, timeout=timeout)
 
     def raw_call(self, method, payload, timeout=10):
         """Sends raw bytes to a method (tests of malformed requests)."""

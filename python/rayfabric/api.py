@@ -1,4 +1,5 @@
 """rayfabric's Python API: init / get / prefetch / status / shutdown (see the package docstring)."""
+import atexit
 import logging
 import os
 import threading
@@ -35,7 +36,10 @@ _stats = {"objects_pulled": 0, "bytes_pulled": 0, "already_local": 0, "stood_asi
           "fallback_reasons": {}, "already_here": 0, "claimed": 0,
           # call arguments (rayfabric.args): asked of the destination's node, or not (why)
           "args_prefetch_asked": 0, "args_no_destination": 0, "args_no_agent": 0,
-          "args_claim_waited": 0, "args_claim_timeouts": 0, "args_not_worth_a_pull": 0}
+          "args_claim_waited": 0, "args_claim_timeouts": 0, "args_not_worth_a_pull": 0,
+          # fallback reports to this node's agent (`rayfabric status`): sent, or not (no agent here,
+          # or it did not answer); the counts above stay what they are either way
+          "fallback_reports_sent": 0, "fallback_reports_failed": 0}
 
 
 def init(provider=None, watch_new_nodes=True, env=None, node_env=None):
@@ -99,9 +103,9 @@ def _pick_source(local, nodes, agents):
     failed = _agents_cache.get("unavailable") or {}
     with_agent = [n for n in nodes if n in agents]
     if with_agent:
-        return None, ("no fabric shared between this node (" + ", ".join(mine) + ") and the node(s) holding "
-                      "the object (" + "; ".join(f"{n[:12]}: {', '.join(_providers(agents[n]))}"
-                                                 for n in with_agent) + ")")
+        return None, ("no fabric shared with the node(s) holding the object: this node speaks " + ", ".join(mine)
+                      + "; " + "; ".join(f"{n[:12]} speaks {', '.join(_providers(agents[n]))}"
+                                         for n in with_agent))
     why = [f"{n[:12]}: {failed[n][:200]}" for n in nodes if n in failed]
     if why:
         return None, "no rayfabric agent on the node(s) holding the object (" + "; ".join(why) + ")"
@@ -117,14 +121,105 @@ def _client(address):
 
 
 def _fallback(reason, count=1):
-    """Counts a fallback to Ray's path; logs each distinct reason once."""
+    """Counts a fallback to Ray's path; logs each distinct reason once; tells this node's agent."""
     with _lock:
         _stats["fallbacks"] += count
         first = reason not in _stats["fallback_reasons"]
         _stats["fallback_reasons"][reason] = _stats["fallback_reasons"].get(reason, 0) + count
     metrics.count_fallback(reason, count)
+    _reporter.add(metrics.reason_class(reason), count)
     if first:
         log.warning("rayfabric: falling back to Ray's object transfer: %s", reason)
+
+
+def _local_agent_address():
+    """unix:<socket> of this node's agent (the only place it takes reports), or None."""
+    here = ray.get_runtime_context().get_node_id()
+    record = _agent_records().get(here)
+    if record is None or not record.get("local_socket"):
+        return None
+    return "unix:" + record["local_socket"]
+
+
+class _FallbackReporter:
+    """Tells this node's agent what this process left to Ray's path (ReportFallbacks on its local
+    socket), so that `rayfabric status` shows it per node. Off every get's path: _fallback only
+    adds to a pending table (at most MAX_PENDING reasons; it merges while a report is on its way),
+    a daemon thread sends it, one report at a time, each bounded by TIMEOUT_S; a failed report
+    (no agent here, an agent that does not answer, an older one without the RPC) is dropped and
+    counted in stats()["fallback_reports_failed"]. At exit what is pending is sent, bounded alike."""
+    MAX_PENDING = 64
+    OTHER = "(other reasons)"
+    TIMEOUT_S = float(os.environ.get("RAYFABRIC_FALLBACK_REPORT_TIMEOUT_S", "2"))
+
+    def __init__(self, address_fn=_local_agent_address):
+        self.address = None  # set by the get that found this node's agent; else asked address_fn
+        self._address_fn = address_fn
+        self._cv = threading.Condition()
+        self._pending = {}
+        self._sending = False
+        self._thread = None
+
+    def add(self, reason, count):
+        if count <= 0:
+            return
+        with self._cv:
+            if reason not in self._pending and len(self._pending) >= self.MAX_PENDING:
+                reason = self.OTHER
+            self._pending[reason] = self._pending.get(reason, 0) + count
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="rayfabric-fallback-report", daemon=True)
+                self._thread.start()
+                atexit.register(self.flush)
+            self._cv.notify()
+
+    def _take(self):
+        with self._cv:
+            batch, self._pending = self._pending, {}
+        return batch
+
+    def idle(self):
+        """Nothing pending and no report on its way."""
+        with self._cv:
+            return not self._pending and not self._sending
+
+    def _loop(self):
+        while True:
+            with self._cv:
+                while not self._pending:
+                    self._cv.wait()
+                batch, self._pending = self._pending, {}
+                self._sending = True
+            try:
+                self._send(batch)
+            finally:
+                with self._cv:
+                    self._sending = False
+
+    def flush(self):
+        """Sends what is pending now (on the caller's thread, at exit: to the agent already known,
+        without asking Ray where it is), bounded by TIMEOUT_S."""
+        batch = self._take()
+        if batch:
+            self._send(batch, lookup=False)
+
+    def _send(self, batch, lookup=True):
+        try:
+            address = self.address or (self._address_fn() if lookup else None)
+            if address is None:
+                raise RuntimeError("no rayfabric agent on this node")
+            _client(address).report_fallbacks(sorted(batch.items()), timeout=self.TIMEOUT_S)
+            _count("fallback_reports_sent")
+        except Exception as e:  # noqa: BLE001 - a report never fails anything; counted, logged once
+            self.address = None  # looked up again next time (the agent may have moved)
+            with _lock:
+                _stats["fallback_reports_failed"] += 1
+                first = _stats["fallback_reports_failed"] == 1
+            if first:
+                log.info("rayfabric: fallbacks not reported to this node's agent: %s", str(e)[:200])
+
+
+_reporter = _FallbackReporter()
 
 
 def _count(key, n=1):
@@ -220,12 +315,13 @@ def _pull(refs, timeout, claim=False, answer_within_s=None):
         left = PULL_TIMEOUT_S if deadline is None else max(0.1, min(PULL_TIMEOUT_S, deadline - time.monotonic()))
         # This node's agent serves Pull on its local socket only.
         local_address = "unix:" + local["local_socket"]
+        _reporter.address = local_address
         try:
             reply = _client(local_address).pull(items, left, answer_when_claimed=claim,
                                                 answer_within_s=answer_within_s)
         except Exception as e:  # noqa: BLE001 - agent dead/unreachable: Ray's path
             code = e.code().name if hasattr(e, "code") else type(e).__name__
-            _fallback(f"local agent at {local_address} did not answer ({code})", len(items))
+            _fallback(f"local agent did not answer ({code}): {local_address}", len(items))
             _agents_cache["at"] = 0.0
             return
         unreachable = {}
@@ -315,7 +411,9 @@ def status(timeout=10):
                       "rails": [{f.name: getattr(r, f.name) for f in pb.RailStat.DESCRIPTOR.fields}
                                 for r in s.rails],
                       "peer_links": [{f.name: getattr(link, f.name) for f in pb.PeerLink.DESCRIPTOR.fields}
-                                     for link in s.peer_links]})
+                                     for link in s.peer_links],
+                      # objects this node's processes left to Ray's path: in all ("fallbacks"), by reason
+                      "fallback_reasons": {f.reason: f.objects for f in s.fallback_reasons}})
         except Exception as e:  # noqa: BLE001 - report the dead agent, keep going
             d = {"address": rec["address"], "alive": False, "error": str(e)[:200]}
         out[node] = d

@@ -2,7 +2,7 @@
 
     rayfabric start  [--address ADDR] [--provider P]   agents on every node of a running cluster
     rayfabric stop   [--address ADDR]                  stop them (the cluster keeps running)
-    rayfabric status [--address ADDR] [--json]         per-node provider and counters
+    rayfabric status [--address ADDR] [--json]         per-node provider, counters, fallbacks by reason
     rayfabric demo   [--size-mb N] [--provider P]      README's main job (its own local cluster)
     rayfabric doctor [--json] ...                      what this node's fabric can do
     rayfabric bench  ...                               Ray vs rayfabric, side by side
@@ -25,10 +25,11 @@ def _print_status(st):
         print("no rayfabric agents published in this cluster (`rayfabric start`)")
         return
     # Per node: the best fabric, peers pulled from, objects and bytes in (pulled) and out (served
-    # to peers), the rate of both since the agent started, leases and pinned bytes now, failures.
+    # to peers), the rate of both since the agent started, leases and pinned bytes now, failures,
+    # and the objects this node's processes left to Ray's own transfer (fallbacks; why, below).
     print(f"{'node':14s} {'address':22s} {'provider':14s} {'domain':8s} {'exposure':8s} {'auth':9s} "
           f"{'peers':>5s} {'pulled':>7s} {'MiB in':>9s} {'MiB out':>9s} {'MiB/s':>7s} {'up s':>7s} "
-          f"{'leases':>6s} {'pinned MiB':>10s} {'failed':>6s}")
+          f"{'leases':>6s} {'pinned MiB':>10s} {'failed':>6s} {'fallbacks':>9s}")
     for node, a in sorted(rows.items()):
         if not a.get("alive"):
             print(f"{node[:12]:14s} {a.get('address', '-'):22s} DEAD: {a.get('error', '')}")
@@ -40,7 +41,8 @@ def _print_status(st):
         print(f"{node[:12]:14s} {a['address']:22s} {a['provider']:14s} {a['domain']:8s} {a.get('exposure', '?'):8s} "
               f"{auth:9s} {len(a.get('peer_links') or []):5d} {a['objects_pulled']:7d} "
               f"{a['bytes_pulled'] / 2**20:9.1f} {a['bytes_leased'] / 2**20:9.1f} {rate:7.1f} {up_s:7.0f} "
-              f"{a['leases_active']:6d} {a['pinned_bytes'] / 2**20:10.1f} {a['pulls_failed']:6d}")
+              f"{a['leases_active']:6d} {a['pinned_bytes'] / 2**20:10.1f} {a['pulls_failed']:6d} "
+              f"{a.get('fallbacks', 0):9d}")
         fabrics = a.get("fabrics") or []
         if len(fabrics) > 1 or any(f.get("rail_domains") for f in fabrics):
             print(f"{'':14s} fabrics: " + ", ".join(
@@ -50,6 +52,8 @@ def _print_status(st):
             print(f"{'':14s} from {link['peer']:22s} over {link['provider'] or 'NONE'}"
                   f"{'/' + link['domain'] if link['domain'] else ''}{rails}: {link['objects_pulled']} pulled, "
                   f"{link['pulls_failed']} failed" + (f" ({link['last_error'][:80]})" if link["last_error"] else ""))
+        for reason, n in sorted((a.get("fallback_reasons") or {}).items(), key=lambda kv: (-kv[1], kv[0])):
+            print(f"{'':14s} to Ray's path: {n} object(s): {reason}")
 
 
 def main(argv=None):

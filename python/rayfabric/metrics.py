@@ -18,7 +18,8 @@ From every process that calls rayfabric.get:
   rayfabric_get_seconds{path}                         histogram of get latency; path: fabric (at least
                                                       one object moved by the fabric) or ray
   rayfabric_fallbacks{reason}                         objects sent to Ray's path, by reason (its text
-                                                      before the first ':', ids masked)
+                                                      before the first ':' and the error's name after
+                                                      it if any, ids masked: reason_class)
 A Grafana dashboard over these: docs/grafana-rayfabric.json."""
 import logging
 import os
@@ -147,11 +148,19 @@ def _worker_metrics():
 
 
 _IDS = re.compile(r"[0-9a-f]{8,}")
+# "pull failed: Unavailable: ...", "argument prefetch failed: TypeError: ...": the error's name.
+_ERROR_NAME = re.compile(r"\s*([A-Z][A-Za-z0-9_.]*)\s*:")
 
 
 def reason_class(reason):
-    """A bounded label for a fallback reason: its text before the first ':', ids masked."""
-    return _IDS.sub("*", reason.split(":", 1)[0].strip())[:80] or "unknown"
+    """A bounded label for a fallback reason: its text before the first ':' (and the error's name
+    when one follows: "pull failed: Unavailable"), ids masked, at most 80 characters. Also what
+    each worker reports to its node's agent (`rayfabric status`)."""
+    head, _, rest = reason.partition(":")
+    name = _ERROR_NAME.match(rest)
+    if name:
+        head = f"{head.strip()}: {name.group(1)}"
+    return _IDS.sub("*", head.strip())[:80] or "unknown"
 
 
 def observe_get(seconds, via_fabric):

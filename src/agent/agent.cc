@@ -1505,9 +1505,20 @@ v1::StatusReply Agent::GetStatus() const {
   s.set_uptime_ms(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                             std::chrono::steady_clock::now() - started_)
                                             .count()));
+  s.set_fallbacks(fallbacks_.total());
+  for (const auto& [reason, objects] : fallbacks_.ByReason()) {
+    v1::FallbackCount* f = s.add_fallback_reasons();
+    f->set_reason(reason);
+    f->set_objects(objects);
+  }
+  s.set_reports_refused_remote(reports_refused_remote_);
   std::lock_guard<std::mutex> lock(links_mu_);
   for (const auto& [source, link] : links_) *s.add_peer_links() = link;
   return s;
+}
+
+void Agent::ReportFallbacks(const v1::ReportFallbacksRequest& request) {
+  for (const v1::FallbackCount& f : request.fallbacks()) fallbacks_.Add(f.reason(), f.objects());
 }
 
 void Agent::RecordLink(const std::string& source, const v1::LeaseReply& lease_reply,

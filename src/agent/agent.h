@@ -19,6 +19,7 @@
 
 #include "agent.pb.h"
 #include "agent/auth.h"
+#include "agent/fallback_counts.h"
 #include "agent/lease_table.h"
 #include "agent/peer_clients.h"
 #include "rayfabric/config.h"
@@ -65,10 +66,13 @@ class Agent {
       std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
       std::function<bool()> cancelled = nullptr);
   v1::StatusReply GetStatus() const;
+  // What the processes of this node left to Ray's own transfer (GetStatus reports it).
+  void ReportFallbacks(const v1::ReportFallbacksRequest& request);
 
   void CountRejectedRequest() { ++requests_rejected_; }
   void CountUnauthenticated() { ++requests_unauthenticated_; }
   void CountRemotePull() { ++pulls_refused_remote_; }
+  void CountRemoteReport() { ++reports_refused_remote_; }
 
  private:
   struct Registered {
@@ -219,7 +223,8 @@ class Agent {
       leases_expired_{0}, leases_refused_{0}, bytes_leased_{0}, requests_rejected_{0},
       requests_unauthenticated_{0}, pulls_refused_remote_{0}, leases_size_mismatch_{0},
       pulls_lease_expired_{0}, replicas_quarantined_{0}, store_reconnects_{0},
-      abandoned_creates_aborted_{0};
+      abandoned_creates_aborted_{0}, reports_refused_remote_{0};
+  FallbackCounts fallbacks_;
   std::atomic<bool> populate_warned_{false};
   // When this agent started serving: `rayfabric status` reports rates since then.
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();

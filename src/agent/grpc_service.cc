@@ -11,6 +11,7 @@ namespace rayfabric::agent {
 namespace {
 
 constexpr int kMaxItemsPerRequest = 100000;
+constexpr int kMaxFallbacksPerReport = 1000;
 
 // gRPC deadlines are system_clock; the agent's are steady_clock.
 std::chrono::steady_clock::time_point DeadlineOf(const grpc::ServerContext* context) {
@@ -129,6 +130,33 @@ grpc::Status AgentService::GetStatus(grpc::ServerContext* context, const v1::Sta
   if (!a.ok()) return a;
   (void)request;
   *reply = agent_->GetStatus();
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::ReportFallbacks(grpc::ServerContext* context,
+                                           const v1::ReportFallbacksRequest* request,
+                                           v1::ReportFallbacksReply* reply) {
+  grpc::Status a = Authenticate(context, "ReportFallbacks");
+  if (!a.ok()) return a;
+  // The counts describe this node's gets: only its own processes report them (as with Pull).
+  if (!IsLocal(context->peer())) {
+    agent_->CountRemoteReport();
+    RF_LOG(kWarn, "ReportFallbacks from " << context->peer() << " refused: not a local process");
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "ReportFallbacks is served only to processes of this node, on the agent's "
+                        "local socket (its record's local_socket); " +
+                            context->peer() + " is not local");
+  }
+  grpc::Status v = CheckVersion(request->protocol_version(), "ReportFallbacks");
+  if (!v.ok()) return v;
+  if (request->fallbacks_size() == 0 || request->fallbacks_size() > kMaxFallbacksPerReport) {
+    agent_->CountRejectedRequest();
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "ReportFallbacks needs 1.." + std::to_string(kMaxFallbacksPerReport) +
+                            " reasons, got " + std::to_string(request->fallbacks_size()));
+  }
+  (void)reply;
+  agent_->ReportFallbacks(*request);
   return grpc::Status::OK;
 }
 

@@ -1,6 +1,6 @@
 // The agent's gRPC face: authenticates every call (the Ray cluster's token, when it uses one),
-// keeps Pull to this node's own processes (the local Unix socket), checks the protocol version
-// and the shape of every request, then calls Agent. Nothing else lives here.
+// keeps Pull and ReportFallbacks to this node's own processes (the local Unix socket), checks the
+// protocol version and the shape of every request, then calls Agent. Nothing else lives here.
 #pragma once
 
 #include "agent.grpc.pb.h"
@@ -21,6 +21,8 @@ class AgentService final : public v1::Agent::Service {
                              v1::ReleaseReply*) override;
   grpc::Status Pull(grpc::ServerContext*, const v1::PullRequest*, v1::PullReply*) override;
   grpc::Status GetStatus(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusReply*) override;
+  grpc::Status ReportFallbacks(grpc::ServerContext*, const v1::ReportFallbacksRequest*,
+                               v1::ReportFallbacksReply*) override;
 
   // The host part of a gRPC peer string ("ipv4:10.0.0.1:5000" -> "10.0.0.1", "unix:..." ->
   // "local"): who holds leases, for the per-requester bound.

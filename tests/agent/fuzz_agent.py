@@ -6,12 +6,14 @@ nothing left pinned, no lease left active once the fuzzer's leases expired.
 
 The CI form (meson test fuzz_agent) sends 20,000; the long form is the command above (see
 docs/agent.md for the last run). Requests go to both ports: the network port (Info, LeaseObjects,
-ReleaseLeases, GetStatus, and Pull, which must be refused there) and the local Unix socket (Pull).
+ReleaseLeases, GetStatus, and Pull and ReportFallbacks, which must be refused there) and the local
+Unix socket (Pull, ReportFallbacks).
 Kinds: random bytes as any method's payload; well-formed messages with random field values
 (random and nil ids, huge and zero TTLs, id lists up to the agent's limit and beyond, random lease
 ids and tokens, forged real lease ids); pull items with hostile sizes, bogus owners and source
 addresses (closed ports, the agent itself, garbage strings); releases of leases granted to
-others; wrong protocol versions.
+others; fallback reports with random, long and non-ASCII reasons, huge counts and too many reasons;
+wrong protocol versions.
 """
 import argparse
 import hashlib
@@ -31,7 +33,7 @@ from rayfabric import agent_pb2 as pb  # noqa: E402
 from rayfabric._client import AgentClient  # noqa: E402
 
 MiB = 1 << 20
-METHODS = ["Info", "LeaseObjects", "ReleaseLeases", "Pull", "GetStatus"]
+METHODS = ["Info", "LeaseObjects", "ReleaseLeases", "Pull", "GetStatus", "ReportFallbacks"]
 
 
 @ray.remote(num_cpus=0)
@@ -104,6 +106,14 @@ def one_request(rng, real_ids, granted, self_address):
                 lease_id, token = rng.randrange(0, 2**64), rand_bytes(rng, 16)
             refs.append(pb.LeaseRef(lease_id=lease_id, token=token))
         return method, pb.ReleaseRequest(protocol_version=rand_version(rng), leases=refs).SerializeToString(), False
+    if method == "ReportFallbacks":  # mostly local (served there), some to the network port (refused)
+        n = rng.choice([0, 1001, 5000]) if rng.random() < 0.05 else rng.randrange(1, 8)
+        counts = [pb.FallbackCount(reason=rng.choice(["", "pull failed: Unavailable", "\n\t\x00\x7f",
+                                                      "é" * rng.randrange(0, 200), rand_bytes(rng, 40).hex() * 20]),
+                                   objects=rng.choice([0, 1, 2**64 - 1, rng.randrange(0, 2**32)]))
+                  for _ in range(n)]
+        req = pb.ReportFallbacksRequest(protocol_version=rand_version(rng), fallbacks=counts)
+        return method, req.SerializeToString(), rng.random() < 0.8
     # Pull: mostly to the local socket (where it is served), some to the network port (refused).
     items = []
     for _ in range(rng.randrange(0, 4)):
@@ -185,8 +195,10 @@ def main():
     busy, st = pinned()
     assert not busy, f"left pinned after the audit's pulls: {busy}"
     s = st[target["address"]]
+    assert len(s.fallback_reasons) <= 32, f"fallback reasons not bounded: {len(s.fallback_reasons)}"
     print(f"audit OK: agent pid {pid} alive, raylets alive, 8 objects pulled byte-exact, nothing pinned; "
           f"agent counted rejected={s.requests_rejected} refused_remote_pulls={s.pulls_refused_remote} "
+          f"refused_remote_reports={s.reports_refused_remote} fallback reasons={len(s.fallback_reasons)} "
           f"leases granted={s.leases_granted} expired={s.leases_expired} released={s.leases_released}")
     rayfabric.shutdown()
     ray.shutdown()

@@ -208,7 +208,15 @@ def test_calls_without_the_token_are_refused(cluster):
     with pytest.raises(grpc.RpcError) as refused:
         bare.status()
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    assert client(cluster, "n0").status().requests_unauthenticated - before == 10
+    fallbacks = client(cluster, "n0").status().fallbacks
+    with pytest.raises(grpc.RpcError) as refused:
+        bare.report_fallbacks([("forged without the token", 1000)])
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert client(cluster, "n0").status().requests_unauthenticated - before == 11
+    assert client(cluster, "n0").status().fallbacks == fallbacks
+    # This node's processes report with the token (Ray's channel), as rayfabric.get does.
+    client(cluster, "n0", local=True).report_fallbacks([("reported with the token", 2)])
+    assert client(cluster, "n0").status().fallbacks - fallbacks == 2
     # With the cluster's token (what Ray's own channels send) every call is served.
     ok = AgentClient(address, channel=make_channel(address, insecure=True))
     good = [("authorization", "Bearer " + cluster["token"])]
