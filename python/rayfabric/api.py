@@ -1,5 +1,6 @@
 """rayfabric's Python API: init / get / prefetch / status / shutdown (see the package docstring)."""
 import atexit
+import hashlib
 import logging
 import os
 import threading
@@ -32,6 +33,7 @@ _clients = {}
 _watcher = None
 _agents_cache = {"at": 0.0, "records": {}}
 _stats = {"objects_pulled": 0, "bytes_pulled": 0, "already_local": 0, "stood_aside": 0,
+          "pulls_by_source": {},  # holder node id (hex) -> pulls asked of it (at most 256 nodes)
           "ray_path_small": 0, "ray_path_not_in_plasma": 0, "ray_path_spilled": 0, "fallbacks": 0,
           "fallback_reasons": {}, "already_here": 0, "claimed": 0,
           # call arguments (rayfabric.args): asked of the destination's node, or not (why)
@@ -86,9 +88,22 @@ def _providers(record):
     return [f["provider"] for f in record.get("fabrics") or []] or [record.get("provider")]
 
 
-def _pick_source(local, nodes, agents):
+def _spread_weight(reader, object_id, holder):
+    """Rendezvous (highest random weight) hashing: each reader of an object ranks its holders by
+    a hash of (reader, object, holder), so readers spread over the holders instead of all taking
+    the first one Ray lists, and one reader keeps its choice for one object."""
+    h = hashlib.blake2b(digest_size=8)
+    for part in (reader, object_id, holder):
+        h.update(part if isinstance(part, bytes) else str(part).encode())
+        h.update(b"\0")
+    return int.from_bytes(h.digest(), "big")
+
+
+def _pick_source(local, nodes, agents, object_id=b"", reader=""):
     """(source agent address, None) of the holder that shares the best of this node's providers
-    with it, or (None, why) when none can be read by the fabric."""
+    with it (among several such holders, the one this reader's rendezvous hash for the object
+    ranks first: load spreads across replicas), or (None, why) when none can be read by the
+    fabric."""
     mine = _providers(local)
     best = None
     for n in nodes:
@@ -96,9 +111,16 @@ def _pick_source(local, nodes, agents):
             continue
         theirs = set(_providers(agents[n]))
         rank = next((i for i, p in enumerate(mine) if p in theirs), None)
-        if rank is not None and (best is None or rank < best[0]):
-            best = (rank, agents[n]["address"])
+        if rank is None:
+            continue
+        key = (rank, -_spread_weight(reader, object_id, n))
+        if best is None or key < best[0]:
+            best = (key, agents[n]["address"], n)
     if best is not None:
+        with _lock:
+            by_source = _stats["pulls_by_source"]
+            if best[2] in by_source or len(by_source) < 256:
+                by_source[best[2]] = by_source.get(best[2], 0) + 1
         return best[1], None
     failed = _agents_cache.get("unavailable") or {}
     with_agent = [n for n in nodes if n in agents]
@@ -132,6 +154,20 @@ def _fallback(reason, count=1):
         log.warning("rayfabric: falling back to Ray's object transfer: %s", reason)
 
 
+def _env_seconds(name, default):
+    """A positive number of seconds from the environment; a malformed value is logged and the
+    default used (this is read at import: a typo must not stop every worker)."""
+    raw = os.environ.get(name)
+    try:
+        value = float(raw) if raw is not None else default
+        if not value > 0:
+            raise ValueError("not positive")
+        return value
+    except ValueError:
+        log.warning("rayfabric: %s=%r is not a positive number of seconds; using %s", name, raw, default)
+        return default
+
+
 def _local_agent_address():
     """unix:<socket> of this node's agent (the only place it takes reports), or None."""
     here = ray.get_runtime_context().get_node_id()
@@ -150,7 +186,7 @@ class _FallbackReporter:
     counted in stats()["fallback_reports_failed"]. At exit what is pending is sent, bounded alike."""
     MAX_PENDING = 64
     OTHER = "(other reasons)"
-    TIMEOUT_S = float(os.environ.get("RAYFABRIC_FALLBACK_REPORT_TIMEOUT_S", "2"))
+    TIMEOUT_S = _env_seconds("RAYFABRIC_FALLBACK_REPORT_TIMEOUT_S", 2.0)
 
     def __init__(self, address_fn=_local_agent_address):
         self.address = None  # set by the get that found this node's agent; else asked address_fn
@@ -304,7 +340,7 @@ def _pull(refs, timeout, claim=False, answer_within_s=None):
     for attempt in range(2):
         items = []
         for ref, nodes, size in candidates:
-            source, why = _pick_source(local, nodes, agents)
+            source, why = _pick_source(local, nodes, agents, ref.binary(), here)
             if source is None:
                 _fallback(why)
                 continue
@@ -391,6 +427,7 @@ def stats():
     with _lock:
         out = dict(_stats)
         out["fallback_reasons"] = dict(_stats["fallback_reasons"])
+        out["pulls_by_source"] = dict(_stats["pulls_by_source"])
         return out
 
 

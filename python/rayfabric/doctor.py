@@ -50,15 +50,26 @@ ERROR, WARNING, INFO = "error", "warning", "info"
 
 # libfabric 1.17's verbs MR cache registers every region with remote write access and keeps keys
 # valid after deregistration: agents run without it unless the user chose a cache setting.
-MR_CACHE_VARIABLES = ("FI_MR_CACHE_MAX_COUNT", "FI_MR_CACHE_MONITOR", "FI_EFA_MR_CACHE_ENABLE")
+MR_CACHE_VARIABLES = ("FI_MR_CACHE_MAX_COUNT", "FI_MR_CACHE_MONITOR", "FI_EFA_MR_CACHE_ENABLE",
+                      "FI_MR_CUDA_CACHE_MONITOR_ENABLED", "FI_MR_ROCR_CACHE_MONITOR_ENABLED",
+                      "FI_MR_ZE_CACHE_MONITOR_ENABLED")
+# The cache is turned off through its memory monitors (host, and each device kind), not with
+# FI_MR_CACHE_MAX_COUNT=0: a zero count stops every cache of libfabric from opening, among them the
+# CUDA IPC handle cache that shm opens in fi_domain where libfabric has CUDA (and efa, which opens
+# shm inside for peers on the same host): fi_domain then fails with "No space left on device"
+# (ofi_ipc_cache_open -> ofi_mr_cache_init; seen with shm on an H200, libfabric 1.22 with CUDA).
+# With no monitor the verbs domain registers directly (verbs_mr.c: no monitor for the iface -> no
+# cache), which is what the Soft-RoCE suite checks (mr_cache_monitors_off).
+MR_CACHE_OFF = {"FI_MR_CACHE_MONITOR": "disabled", "FI_MR_CUDA_CACHE_MONITOR_ENABLED": "0",
+                "FI_MR_ROCR_CACHE_MONITOR_ENABLED": "0", "FI_MR_ZE_CACHE_MONITOR_ENABLED": "0"}
 
 
 def agent_fabric_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment rayfabric's launcher gives an agent: `env` plus FI_MR_CACHE_MAX_COUNT=0
-    when the user set none of the MR cache variables (never overriding one they set)."""
+    """The environment rayfabric's launcher gives an agent: `env` plus MR_CACHE_OFF when the user
+    set none of the MR cache variables (never overriding one they set)."""
     out = dict(env)
     if not any(v in out for v in MR_CACHE_VARIABLES):
-        out["FI_MR_CACHE_MAX_COUNT"] = "0"
+        out.update(MR_CACHE_OFF)
     return out
 
 
@@ -452,8 +463,8 @@ def check_hmem_cuda(log_run: FiRun) -> list[Finding]:
     return [Finding(INFO, "hmem-cuda", "this libfabric initialised FI_HMEM_CUDA: the RAYFABRIC tensor transport "
                     "registers CUDA tensors directly on providers that offer FI_HMEM (verbs or efa built with "
                     "CUDA, shm) and stages them through pinned host memory on the others (tcp, sockets); "
-                    "with shm (or efa, which opens shm inside) set FI_MR_CACHE_MAX_COUNT yourself "
-                    "(docs/rdt.md, GPU tensors)", "")]
+                    "leave FI_MR_CACHE_MAX_COUNT unset or non-zero: shm (and efa, which opens shm inside) "
+                    "cannot open its CUDA IPC cache without it (docs/rdt.md, GPU tensors)", "")]
 
 
 def has_cap_ipc_lock(proc_status_text: str) -> bool:
@@ -713,13 +724,14 @@ def check_engine(es: Mapping[str, Any], rdma_offered: bool, env: Mapping[str, st
                            f"{prov}: a registration may grant peers more than asked, write included ({note}); "
                            + ("RAYFABRIC_ALLOW_UNPROTECTED_MEMORY lets the agent serve anyway" if allowed
                               else "the agent refuses to serve plasma memory on it"),
-                           "leave the MR cache variables unset (agents then run with FI_MR_CACHE_MAX_COUNT=0) "
-                           "or set FI_MR_CACHE_MAX_COUNT=0; for shm, choose another provider"))
+                           "leave the MR cache variables unset (agents then run with FI_MR_CACHE_MONITOR=disabled "
+                           "and the device-memory monitors off) or set FI_MR_CACHE_MONITOR=disabled; for shm, "
+                           "choose another provider"))
     if sel.get("deregistration_revokes_keys") is False:
         life = sel.get("key_lifetime", "")
         core = prov.split(";")[0]
         if sel.get("mr_cache"):
-            var = "FI_EFA_MR_CACHE_ENABLE=0" if core == "efa" else "FI_MR_CACHE_MAX_COUNT=0"
+            var = "FI_EFA_MR_CACHE_ENABLE=0" if core == "efa" else "FI_MR_CACHE_MONITOR=disabled"
             out.append(Finding(WARNING, "keys-outlive-deregistration",
                                f"{prov}: a deregistered region's key keeps working ({life})",
                                f"for multi-tenant nodes or the per-object registration mode, export {var} for "

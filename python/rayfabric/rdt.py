@@ -105,7 +105,7 @@ class _Registration:
     holds it (count), released when the last of them is collected."""
 
     def __init__(self, tensor, regions):
-        self.tensor = tensor  # kept alive while peers may read it
+        self.tensor = tensor  # the buffer(s) peers may read: kept alive while registered
         self.regions = regions
         self.count = 0
 
@@ -241,49 +241,29 @@ class RayfabricTensorTransport(TensorTransportManager):
             device = t.device
             tensor_meta.append((t.shape, t.dtype))
             nbytes.append(t.numel() * t.element_size())
+        # Lazy conj/neg bits: the stored bytes are not the values; resolved (by kernels, on a GPU)
+        # before the synchronization below, so that what peers read is final.
+        resolved = [t.resolve_conj().resolve_neg() if t.is_conj() or t.is_neg() else t for t in rdt_object]
         if device is not None and device.type == "cuda":
-            # The kernels that produced the tensors must be done before their bytes are staged.
-            for d in {t.device for t in rdt_object}:
+            # The kernels that produced the tensors must be done before peers read or we stage them.
+            for d in {t.device for t in resolved}:
                 torch.cuda.synchronize(d)
         with self._lock:
             engines = self.engines() if rdt_object else []
             ranges = [[] for _ in engines]
             try:
-                for i, (t, n) in enumerate(zip(rdt_object, nbytes)):
+                for i, (t, n) in enumerate(zip(resolved, nbytes)):
                     if n == 0:
                         for per_fabric in ranges:
                             per_fabric.append(b"")
                         continue
-                    if t.is_conj() or t.is_neg():  # lazy bits: the stored bytes are not the values
-                        t = t.resolve_conj().resolve_neg()
-                    reg = None
-                    if t.device.type == "cuda" and self._device_memory_ok(engines):
-                        # FI_HMEM: the device memory itself, registered (read-only) on every fabric.
-                        key = ("cuda", t.data_ptr(), n)
-                        reg = self._registrations.get(key)
-                        if reg is None:
-                            try:
-                                reg = self._register_source(t, n, engines, t.device.index)
-                            except Exception as e:  # noqa: BLE001 - FabricError: stage instead
-                                self._give_up_device_memory(e)
-                            else:
-                                self._registrations[key] = reg
-                        if reg is not None:
-                            self._bytes["sent_from_device"] += n
-                    if reg is None and t.device.type == "cuda":
-                        # Staged: a pinned host copy taken now, registered for this object alone
-                        # (no FI_HMEM on some fabric of this process, or no CUDA in libfabric).
-                        buffer = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-                        buffer.copy_(t.reshape(-1).view(torch.uint8))
-                        key = ("staged", obj_id, i)
-                        reg = self._register_source(buffer, n, engines)
-                        self._registrations[key] = reg
-                        self._bytes["sent_staged"] += n
-                    elif reg is None:
+                    if t.device.type == "cuda":
+                        key, reg = self._register_cuda_source(t, n, engines)
+                    else:
                         key = ("cpu", t.data_ptr(), n)
                         reg = self._registrations.get(key)
                         if reg is None:
-                            reg = self._register_source(t, n, engines)
+                            reg = self._register_source([t] * len(engines), n, engines)
                             self._registrations[key] = reg
                     reg.count += 1
                     keys.append(key)
@@ -343,46 +323,56 @@ class RayfabricTensorTransport(TensorTransportManager):
             offsets.append(total)
             if not d:
                 total += (n + _ALIGN - 1) // _ALIGN * _ALIGN
-        with self._lock:
+        slab_region, regions = None, []
+        try:
+            pinned = torch.cuda.is_available() and any(to_gpu)
+            slab = torch.empty(total, dtype=torch.uint8, pin_memory=pinned) if total else None
+            slab_region = engine.register(slab.data_ptr(), total, False) if total else None
+            tensors, items, copies = [], [], []
+            for i, ((shape, dtype), n) in enumerate(zip(meta.tensor_meta, meta.nbytes)):
+                target = targets[i]
+                if i in on_device:
+                    out, region = on_device[i]
+                    regions.append(region)
+                    tensors.append(out)
+                    items.append((region, 0, meta.ranges[index][i], 0, n))
+                    continue
+                if direct[i]:
+                    region = engine.register(target.data_ptr(), n, False)
+                    regions.append(region)
+                    tensors.append(target)
+                    items.append((region, 0, meta.ranges[index][i], 0, n))
+                    continue
+                view = slab[offsets[i]:offsets[i] + n].view(dtype).reshape(shape) if n else None
+                if n:
+                    items.append((slab_region, offsets[i], meta.ranges[index][i], 0, n))
+                if target is not None:
+                    copies.append((target, view))
+                    tensors.append(target)
+                elif to_cuda:
+                    out = torch.empty(shape, dtype=dtype, device="cuda")
+                    copies.append((out, view))
+                    tensors.append(out)
+                else:
+                    tensors.append(view if n else torch.empty(shape, dtype=dtype))
+            with self._lock:
+                aborted_at = self._aborted.pop(obj_id, None)
+                if aborted_at is not None and time.monotonic() - aborted_at < _ABORT_MEMORY_S:
+                    raise RuntimeError(f"rayfabric: the transfer of {obj_id} was aborted")
+                transfer = engine.read(peer, items) if items else None
+                if transfer is not None:
+                    self._inflight[obj_id] = transfer
+        except BaseException:
+            # Nothing was posted: the registrations made for this receive go now, not with the
+            # exception's traceback (Ray may keep it).
+            for region in regions + [r for _, r in on_device.values() if r not in regions]:
+                region.release()
+            if slab_region is not None:
+                slab_region.release()
+            raise
+        with self._lock:  # reads posted: how the bytes of GPU-bound tensors go
             self._bytes["received_into_device"] += sum(meta.nbytes[i] for i in on_device)
             self._bytes["received_staged"] += sum(n for n, g in zip(meta.nbytes, to_gpu) if g)
-        pinned = torch.cuda.is_available() and any(to_gpu)
-        slab = torch.empty(total, dtype=torch.uint8, pin_memory=pinned) if total else None
-        slab_region = engine.register(slab.data_ptr(), total, False) if total else None
-        tensors, items, regions, copies = [], [], [], []
-        for i, ((shape, dtype), n) in enumerate(zip(meta.tensor_meta, meta.nbytes)):
-            target = targets[i]
-            if i in on_device:
-                out, region = on_device[i]
-                regions.append(region)
-                tensors.append(out)
-                items.append((region, 0, meta.ranges[index][i], 0, n))
-                continue
-            if direct[i]:
-                region = engine.register(target.data_ptr(), n, False)
-                regions.append(region)
-                tensors.append(target)
-                items.append((region, 0, meta.ranges[index][i], 0, n))
-                continue
-            view = slab[offsets[i]:offsets[i] + n].view(dtype).reshape(shape) if n else None
-            if n:
-                items.append((slab_region, offsets[i], meta.ranges[index][i], 0, n))
-            if target is not None:
-                copies.append((target, view))
-                tensors.append(target)
-            elif to_cuda:
-                out = torch.empty(shape, dtype=dtype, device="cuda")
-                copies.append((out, view))
-                tensors.append(out)
-            else:
-                tensors.append(view if n else torch.empty(shape, dtype=dtype))
-        with self._lock:
-            aborted_at = self._aborted.pop(obj_id, None)
-            if aborted_at is not None and time.monotonic() - aborted_at < _ABORT_MEMORY_S:
-                raise RuntimeError(f"rayfabric: the transfer of {obj_id} was aborted")
-            transfer = engine.read(peer, items) if items else None
-            if transfer is not None:
-                self._inflight[obj_id] = transfer
         return RayfabricFetchRequest(obj_id=obj_id, tensors=tensors, transport=self, transfer=transfer,
                                      engine=engine, nbytes=sum(meta.nbytes), parts=len(items),
                                      held=(slab, slab_region, regions), copies=copies)
@@ -442,17 +432,66 @@ class RayfabricTensorTransport(TensorTransportManager):
                 self._undrained.append((transfer, held))
 
     @staticmethod
-    def _register_source(buffer, n, engines, cuda_device=-1):
-        """`buffer` registered for remote read on every engine (all or none)."""
+    def _register_source(buffers, n, engines, devices=None):
+        """buffers[k] registered for remote read on engines[k] (all or none); devices[k]: the CUDA
+        ordinal of a device buffer, -1 for host memory."""
         regions = []
         try:
-            for e in engines:
-                regions.append(e.register(buffer.data_ptr(), n, True, cuda_device))
+            for k, e in enumerate(engines):
+                regions.append(e.register(buffers[k].data_ptr(), n, True, devices[k] if devices else -1))
         except BaseException:
             for region in regions:
                 region.release()
             raise
-        return _Registration(buffer, regions)
+        return _Registration(buffers, regions)
+
+    _staged_serial = 0
+
+    def _register_cuda_source(self, t, n, engines):
+        """(key, registration) of a CUDA tensor: the device memory itself on the engines that register
+        device memory (FI_HMEM), a pinned host copy taken now on the others (tcp, sockets; all of
+        them once device memory failed here). A registration holding a copy belongs to this extract
+        alone (a fresh key each time: a retried extract never releases its own); one of device
+        memory only is shared by every object holding the buffer."""
+        import torch
+
+        direct = [e.device_memory and self._device_memory_failed is None for e in engines]
+        if all(direct):
+            key = ("cuda", t.data_ptr(), n)
+            if key in self._registrations:
+                self._bytes["sent_from_device"] += n
+                return key, self._registrations[key]
+        while True:
+            staged = None
+            buffers = []
+            for d in direct:
+                if not d and staged is None:
+                    staged = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+                    staged.copy_(t.reshape(-1).view(torch.uint8))
+                buffers.append(t if d else staged)
+            devices = [t.device.index if d else -1 for d in direct]
+            try:
+                reg = self._register_source(buffers, n, engines, devices)
+                break
+            except Exception as e:  # noqa: BLE001
+                if not any(direct) or not self._device_memory_unsupported(e):
+                    raise
+                self._give_up_device_memory(e)  # then stage on every engine
+                direct = [False] * len(engines)
+        if staged is None:
+            key = ("cuda", t.data_ptr(), n)
+        else:
+            RayfabricTensorTransport._staged_serial += 1
+            key = ("staged", RayfabricTensorTransport._staged_serial)
+        self._registrations[key] = reg
+        self._bytes["sent_from_device" if staged is None else "sent_staged"] += n
+        return key, reg
+
+    @staticmethod
+    def _device_memory_unsupported(error) -> bool:
+        """A registration of device memory this libfabric or engine cannot do at all (then staging
+        is the answer); other failures (memlock, out of memory, access refused) are raised."""
+        return getattr(error, "code", None) in ("NOT_FOUND", "INVALID_ARGUMENT", "FABRIC_ERROR")
 
     def _release(self, keys):
         for key in keys:
@@ -484,10 +523,12 @@ class RayfabricTensorTransport(TensorTransportManager):
             # caching allocator handed back (or on a target buffer) must be done first.
             for d in {t.device for t, _ in out.values()}:
                 torch.cuda.synchronize(d)
-        except Exception as e:  # noqa: BLE001 - FabricError: stage instead
+        except BaseException as e:
             for _, region in out.values():
                 region.release()
-            self._give_up_device_memory(e)
+            if not self._device_memory_unsupported(e):
+                raise
+            self._give_up_device_memory(e)  # stage these and later ones
             return {}
         return out
 

@@ -213,7 +213,7 @@ Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options) {
           "provider " + profile.provider + " does not enforce registration access (" +
           profile.access_note +
           "): peers holding or guessing a key could write this node's object store. Set "
-          "FI_MR_CACHE_MAX_COUNT=0 for the agent (verbs/efa), choose another provider, or "
+          "FI_MR_CACHE_MONITOR=disabled for the agent (verbs/efa), choose another provider, or "
           "accept the risk with RAYFABRIC_ALLOW_UNPROTECTED_MEMORY=true");
     }
     // A further domain of the provider just opened: one more rail of that fabric.

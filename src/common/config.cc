@@ -56,8 +56,8 @@ const std::vector<ConfigEntry>& ConfigTable() {
       {"allow_unprotected_memory", "RAYFABRIC_ALLOW_UNPROTECTED_MEMORY", "false",
        "agent: serve plasma memory even where the provider does not enforce registration access "
        "(verbs or efa with libfabric's MR cache on, shm): peers holding or guessing a key could "
-       "then WRITE the store. Prefer FI_MR_CACHE_MAX_COUNT=0 (rayfabric's launcher sets it when "
-       "no MR-cache variable is set)."},
+       "then WRITE the store. Prefer FI_MR_CACHE_MONITOR=disabled (rayfabric's launcher sets "
+       "it, with the device-memory monitors off, when no MR-cache variable is set)."},
       {"lease_ttl_ms", "RAYFABRIC_LEASE_TTL_MS", "60000",
        "agent: a lease a reader never released is unpinned after this long (it bounds how long a "
        "dead reader can hold objects in the store)."},

@@ -23,11 +23,32 @@ Result<std::shared_ptr<EngineCore>> OpenCore(SelectedProvider selected, const Co
   return core;
 }
 
+// OpenCore, and where the selection was upgraded to FI_HMEM and that endpoint does not open, the
+// same provider and domain without it (device buffers are then staged by the caller).
+Result<std::shared_ptr<EngineCore>> OpenSelected(SelectedProvider selected, const Config& config,
+                                                 const EngineOptions& options) {
+  SelectedProvider host;
+  if (selected.host_info) {
+    host.report = selected.report;
+    host.report.chosen = selected.host_profile;
+    host.info = std::move(selected.host_info);
+    host.rail = selected.rail;
+  }
+  auto core = OpenCore(std::move(selected), config, options);
+  if (core.ok() || !host.info) return core;
+  host.report.chosen.device_memory_note =
+      "FI_HMEM offered, but the endpoint did not open with it (" + core.status().ToString() +
+      "): host memory only";
+  RF_LOG(kWarn, host.report.chosen.provider << "/" << host.report.chosen.domain << ": "
+                                            << host.report.chosen.device_memory_note);
+  return OpenCore(std::move(host), config, options);
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Engine>> Engine::Open(const Config& config, const EngineOptions& options) {
   RF_ASSIGN_OR_RETURN(SelectedProvider selected, SelectProviderInfo(config, options));
-  RF_ASSIGN_OR_RETURN(auto core, OpenCore(std::move(selected), config, options));
+  RF_ASSIGN_OR_RETURN(auto core, OpenSelected(std::move(selected), config, options));
   return std::unique_ptr<Engine>(new Engine(std::move(core)));
 }
 
@@ -37,7 +58,7 @@ Result<std::vector<std::unique_ptr<Engine>>> Engine::OpenAll(const Config& confi
   std::vector<std::unique_ptr<Engine>> engines;
   for (SelectedProvider& selected : all) {
     const std::string what = selected.report.chosen.provider + "/" + selected.report.chosen.domain;
-    auto core = OpenCore(std::move(selected), config, options);
+    auto core = OpenSelected(std::move(selected), config, options);
     if (!core.ok()) return core.status().WithContext("opening " + what);
     engines.push_back(std::unique_ptr<Engine>(new Engine(std::move(*core))));
   }

@@ -95,22 +95,32 @@ void DecideKeyLifetime(ProviderProfile& p) {
     if (max_count != nullptr && std::strtol(max_count, nullptr, 0) == 0) {
       p.key_lifetime = "verbs MR cache off (FI_MR_CACHE_MAX_COUNT=" + std::string(max_count) +
                        "): fi_close() deregisters the ibv MR at once";
+    } else if (monitor != nullptr && std::strcmp(monitor, "disabled") == 0 &&
+               (!p.device_memory || FiEnvBool("FI_MR_CUDA_CACHE_MONITOR_ENABLED", 1) == 0)) {
+      p.key_lifetime = "verbs MR cache off (FI_MR_CACHE_MONITOR=disabled" +
+                       std::string(p.device_memory ? ", FI_MR_CUDA_CACHE_MONITOR_ENABLED=0" : "") +
+                       "): fi_close() deregisters the ibv MR at once";
     } else if (monitor != nullptr && std::strcmp(monitor, "disabled") == 0) {
+      // FI_HMEM: CUDA registrations have a monitor of their own, which FI_MR_CACHE_MONITOR leaves
+      // on.
+      p.mr_cache = true;
       p.key_lifetime =
-          "verbs MR cache off (FI_MR_CACHE_MONITOR=disabled): fi_close() deregisters the ibv MR at "
-          "once";
+          "verbs caches CUDA registrations (FI_MR_CACHE_MONITOR=disabled covers host memory only): "
+          "set FI_MR_CUDA_CACHE_MONITOR_ENABLED=0 as well";
     } else {
       p.mr_cache = true;
       p.key_lifetime =
           "verbs registers through libfabric's MR cache: after fi_close() the ibv MR and its key "
           "stay valid until the cache evicts it (FI_MR_CACHE_MAX_COUNT, default 1024) or the pages "
-          "are unmapped; set FI_MR_CACHE_MAX_COUNT=0 to make deregistration revoke keys";
+          "are unmapped; set FI_MR_CACHE_MONITOR=disabled (and FI_MR_CUDA_CACHE_MONITOR_ENABLED=0) "
+          "or FI_MR_CACHE_MAX_COUNT=0 to make deregistration revoke keys";
     }
     p.deregistration_revokes_keys = !p.mr_cache;
     p.enforces_access = !p.mr_cache;
     p.access_note = p.mr_cache
                         ? "the verbs MR cache registers every region with remote read, write and "
-                          "atomic access, whatever was asked: set FI_MR_CACHE_MAX_COUNT=0"
+                          "atomic access, whatever was asked: set FI_MR_CACHE_MONITOR=disabled "
+                          "(rayfabric's default) or FI_MR_CACHE_MAX_COUNT=0"
                         : "verbs without the MR cache registers with exactly the access asked for";
   } else if (core == "efa") {
     if (p.local_desc) {
@@ -299,9 +309,18 @@ void OfferDeviceMemory(SelectedProvider& selected, const EngineOptions& options)
     const bool same = i->fabric_attr->prov_name && host.provider == i->fabric_attr->prov_name &&
                       i->domain_attr->name && host.domain == i->domain_attr->name &&
                       (i->caps & FI_HMEM) != 0;
-    if (!same) continue;
-    if (match == nullptr || i->addr_format == selected.info->addr_format) match = i;
-    if (i->addr_format == selected.info->addr_format) break;
+    // The same address the selection chose (the domain may hold several: the node's Ray IP
+    // among them), so peers see the engine where they would without device memory.
+    const struct fi_info* chosen = selected.info.get();
+    const bool same_address =
+        i->addr_format == chosen->addr_format &&
+        (chosen->src_addr == nullptr ||
+         (i->src_addr != nullptr && i->src_addrlen == chosen->src_addrlen &&
+          std::memcmp(i->src_addr, chosen->src_addr, chosen->src_addrlen) == 0));
+    if (same && same_address) {
+      match = i;
+      break;
+    }
   }
   if (match == nullptr) {
     selected.report.chosen.device_memory_note =
@@ -311,6 +330,10 @@ void OfferDeviceMemory(SelectedProvider& selected, const EngineOptions& options)
         ": device buffers are staged through host memory";
     return;
   }
+  selected.host_info = std::move(selected.info);
+  selected.host_profile = selected.report.chosen;
+  selected.host_profile.device_memory_note =
+      "FI_HMEM offered, but the endpoint did not open with it: host memory only";
   selected.info.reset(fi_dupinfo(match));
   ProviderProfile upgraded = ProfileFromInfo(match);
   upgraded.device_memory_note =

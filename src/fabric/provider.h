@@ -15,6 +15,10 @@ struct SelectedProvider {
   ProviderReport report;
   std::unique_ptr<struct fi_info, InfoDeleter> info;  // a copy of the chosen fi_info
   int rail = 0;  // 0: its provider's domain; 1..: a further domain of the same provider
+  // Where `info` was upgraded to FI_HMEM (EngineOptions::device_memory): the entry and profile
+  // without it, opened instead if the endpoint cannot be opened with FI_HMEM.
+  std::unique_ptr<struct fi_info, InfoDeleter> host_info;
+  ProviderProfile host_profile;
 };
 
 // Every fabric the configuration asks for, best first (see SelectProvider); the first alone.

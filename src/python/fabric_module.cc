@@ -152,7 +152,7 @@ class Engine {
           "provider " + profile.provider + " does not enforce registration access (" +
           profile.access_note +
           "): peers holding or guessing a key could write this buffer. Set "
-          "FI_MR_CACHE_MAX_COUNT=0 for this process (verbs/efa), choose another provider "
+          "FI_MR_CACHE_MONITOR=disabled for this process (verbs/efa), choose another provider "
           "(RAYFABRIC_PROVIDER), or accept the risk with RAYFABRIC_ALLOW_UNPROTECTED_MEMORY=true"));
     }
     const uint32_t access = remote_read ? fabric::kRemoteRead : fabric::kLocalRead;

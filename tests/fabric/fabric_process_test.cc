@@ -249,7 +249,8 @@ TEST_F(FabricProcessTest, ConcurrentTransfersFromSeveralPeers) {
     transfers.push_back(*t);
   }
   for (int i = 0; i < kPeers; ++i) {
-    ASSERT_TRUE(transfers[i].Wait().ok()) << "peer " << i;
+    const Status status = transfers[i].Wait();
+    ASSERT_TRUE(status.ok()) << "peer " << i << ": " << status;
     EXPECT_EQ(FirstMismatch(buffers[i]->data(), kSize, 100 + i), -1) << "peer " << i;
   }
 }

@@ -593,7 +593,7 @@ def test_check_engine_not_rdma():
 
 def test_check_engine_keys_outlive_deregistration():
     (f,) = doctor.check_engine(sel(), True, {})
-    assert (f.severity, f.code) == (WARNING, "keys-outlive-deregistration") and "FI_MR_CACHE_MAX_COUNT=0" in f.fix
+    assert (f.severity, f.code) == (WARNING, "keys-outlive-deregistration") and "FI_MR_CACHE_MONITOR=disabled" in f.fix
     (f,) = doctor.check_engine(sel(provider="efa", domain="rdmap16s27-rdm"), True, {})
     assert "FI_EFA_MR_CACHE_ENABLE=0" in f.fix
     (f,) = doctor.check_engine(sel(provider="shm", rdma=False, mr_cache=False, checks_remote_keys=False), False, {})
@@ -606,14 +606,18 @@ def test_check_engine_access_not_enforced():
     (f, keys) = doctor.check_engine(sel(enforces_access=False, access_note="the verbs MR cache registers every region"),
                                     True, {})
     assert (f.severity, f.code) == (ERROR, "access-not-enforced") and "refuses to serve" in f.message
-    assert "FI_MR_CACHE_MAX_COUNT=0" in f.fix and keys.code == "keys-outlive-deregistration"
+    assert "FI_MR_CACHE_MONITOR=disabled" in f.fix and keys.code == "keys-outlive-deregistration"
     (f, _) = doctor.check_engine(sel(enforces_access=False), True, {"RAYFABRIC_ALLOW_UNPROTECTED_MEMORY": "true"})
     assert (f.severity, f.code) == (WARNING, "access-not-enforced") and "serve anyway" in f.message
     assert doctor.check_engine(sel(enforces_access=True, mr_cache=False, deregistration_revokes_keys=True), True, {}) == []
 
 
 def test_agent_fabric_env_turns_the_mr_cache_off_unless_the_user_chose():
-    assert doctor.agent_fabric_env({"A": "1"}) == {"A": "1", "FI_MR_CACHE_MAX_COUNT": "0"}
+    # Off through the monitors, never FI_MR_CACHE_MAX_COUNT=0 (which also stops shm's CUDA IPC cache).
+    assert doctor.agent_fabric_env({"A": "1"}) == {"A": "1", "FI_MR_CACHE_MONITOR": "disabled",
+                                                   "FI_MR_CUDA_CACHE_MONITOR_ENABLED": "0",
+                                                   "FI_MR_ROCR_CACHE_MONITOR_ENABLED": "0",
+                                                   "FI_MR_ZE_CACHE_MONITOR_ENABLED": "0"}
     for var in doctor.MR_CACHE_VARIABLES:
         assert doctor.agent_fabric_env({var: "7"}) == {var: "7"}
 

@@ -115,3 +115,15 @@ def test_pending_reasons_are_bounded():
 ])
 def test_reason_class(reason, label):
     assert metrics.reason_class(reason) == label
+
+
+def test_a_malformed_report_timeout_is_logged_and_the_default_used():
+    # Read when rayfabric.api is imported (in every worker): a typo must not stop the import.
+    import subprocess
+    for bad in ("abc", "-1", "0"):
+        out = subprocess.run([sys.executable, "-c", "import rayfabric.api as a; print(a._FallbackReporter.TIMEOUT_S)"],
+                             env=dict(os.environ, PYTHONPATH=str(ROOT / "python"),
+                                      RAYFABRIC_FALLBACK_REPORT_TIMEOUT_S=bad),
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and out.stdout.strip() == "2.0", out
+        assert "RAYFABRIC_FALLBACK_REPORT_TIMEOUT_S" in out.stderr and "not a positive number" in out.stderr
