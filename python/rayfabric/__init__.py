@@ -32,4 +32,4 @@ def bin_dir():
     return os.path.abspath(os.path.join(_HERE, "..", "..", "build"))
 
 
-from rayfabric.api import get, init, prefetch, shutdown, stats, status  # noqa: E402,F401
+from rayfabric.api import broadcast, get, init, prefetch, shutdown, stats, status  # noqa: E402,F401

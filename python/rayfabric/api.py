@@ -286,10 +286,12 @@ def _locations(core_worker, refs, get_locations=None):
     return out
 
 
-def _pull(refs, timeout, claim=False, answer_within_s=None):
+def _pull(refs, timeout, claim=False, answer_within_s=None, source_node=None):
     """Pulls by the fabric what is in another node's plasma; returns nothing, counts everything.
     Never raises for a transfer problem: whatever did not arrive is left to Ray's path. claim:
-    return once the agent has claimed the objects (created their replicas); the reads go on."""
+    return once the agent has claimed the objects (created their replicas); the reads go on.
+    source_node: read from that node's agent if it shares a provider with this node (broadcast
+    assigns sources), whether or not Ray lists it as a holder yet."""
     if not refs:
         return
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -340,7 +342,11 @@ def _pull(refs, timeout, claim=False, answer_within_s=None):
     for attempt in range(2):
         items = []
         for ref, nodes, size in candidates:
-            source, why = _pick_source(local, nodes, agents, ref.binary(), here)
+            source, why = None, None
+            if source_node is not None and source_node in agents:
+                source, why = _pick_source(local, [source_node], agents, ref.binary(), here)
+            if source is None:
+                source, why = _pick_source(local, nodes, agents, ref.binary(), here)
             if source is None:
                 _fallback(why)
                 continue
@@ -395,6 +401,54 @@ def _pull(refs, timeout, claim=False, answer_within_s=None):
         candidates = retry
         if not candidates:
             return
+
+
+_broadcast_task = None
+
+
+def broadcast(ref, nodes=None, timeout=None):
+    """Copies one plasma object into the store of every node in `nodes` (node ids; default: every
+    node with a rayfabric agent) by the fabric, in rounds like a binomial tree: each round every
+    node that holds the object serves one node that does not, so the copies double per round
+    instead of every reader sharing the first holder's link. Returns the rounds, each a list of
+    {"source", "destination", "seconds", "pulled"} (node ids; pulled false: that node fell back
+    to Ray's path, counted like any fallback, and does not serve later rounds)."""
+    global _broadcast_task
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if _broadcast_task is None:
+        @ray.remote(num_cpus=0)
+        def pull_from(refs, source, timeout_s):
+            from rayfabric import api
+            before = api.stats()
+            start = time.monotonic()
+            api._pull(refs, timeout_s, source_node=source)
+            after = api.stats()
+            return {"seconds": time.monotonic() - start,
+                    "pulled": after["objects_pulled"] > before["objects_pulled"]
+                    or after["already_here"] > before["already_here"]}
+
+        _broadcast_task = pull_from
+    deadline = None if timeout is None else time.monotonic() + timeout
+    core_worker = ray._private.worker.global_worker.core_worker
+    holders = list((_locations(core_worker, [ref]).get(ref) or {}).get("node_ids") or [])
+    if not holders:
+        raise ValueError("rayfabric.broadcast: the object is in no node's object store (inlined in its "
+                         "owner, spilled or lost); use ray.get for it")
+    if nodes is None:
+        nodes = list(_agent_records(refresh=True))
+    pending = [n for n in nodes if n not in holders]
+    rounds = []
+    while pending:
+        pairs = list(zip(holders, pending))
+        left = None if deadline is None else max(0.1, deadline - time.monotonic())
+        futures = [_broadcast_task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(dst, soft=False))
+                   .remote([ref], src, left) for src, dst in pairs]
+        results = ray.get(futures, timeout=left)
+        rounds.append([dict(r, source=src, destination=dst) for (src, dst), r in zip(pairs, results)])
+        holders += [dst for (_, dst), r in zip(pairs, results) if r["pulled"]]
+        pending = pending[len(pairs):]
+    return rounds
 
 
 def prefetch(refs, timeout=None, claim=False, answer_within_s=None):

@@ -87,6 +87,9 @@ def main(argv=None):
         if "--rails" in rest:  # `rayfabric bench --rails ...`: one rail vs two on shaped links
             from rayfabric import bench_rails
             return bench_rails.main([x for x in rest if x != "--rails"])
+        if "--broadcast" in rest:  # `rayfabric bench --broadcast ...`: one object to every node
+            from rayfabric import bench_broadcast
+            return bench_broadcast.main([x for x in rest if x != "--broadcast"])
         if "--tensors" in rest:  # `rayfabric bench --tensors ...`: actor-to-actor tensors, RDT
             from rayfabric import bench_tensors
             return bench_tensors.main([x for x in rest if x != "--tensors"])

@@ -136,3 +136,82 @@ def rate_bits(rate):
         if rate.endswith(unit):
             return float(rate[: -len(unit)]) * scale
     raise ValueError(f"rate {rate!r}: use e.g. 500mbit, 1gbit, 10gbit")
+
+
+STAR_HUB = "rfbchub"
+STAR_PREFIX = "rfbc"
+
+
+def star_teardown(nodes=8):
+    for ns in [f"{STAR_PREFIX}{i}" for i in range(nodes)] + [STAR_HUB]:
+        _kill_namespace(ns)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+class NetnsStar:
+    """`nodes` Ray nodes (node i: namespace rfbc<i>, resource "n<i>", address 198.51.100.<10+i>),
+    each joined by its own veth pair to a bridge in a hub namespace: a switch with one port per
+    node. shape() limits every node's port in both directions, so a node's link, not the switch, is
+    what several readers of one source share. Node 0 is the head."""
+
+    def __init__(self, nodes=4, store_bytes=300 * MiB):
+        if not 2 <= nodes <= 8:
+            raise ValueError("nodes must be 2..8")
+        self.nodes = nodes
+        self.store_bytes = store_bytes
+        self.env = None
+        self.ips = [f"198.51.100.{10 + i}" for i in range(nodes)]
+        self.address = f"{self.ips[0]}:6379"
+
+    def ns(self, i):
+        return f"{STAR_PREFIX}{i}"
+
+    def start(self):
+        star_teardown()
+        sh("ip", "netns", "add", STAR_HUB)
+        in_ns(STAR_HUB, "ip", "link", "add", "rfbr0", "type", "bridge")
+        in_ns(STAR_HUB, "ip", "link", "set", "rfbr0", "up")
+        for i in range(self.nodes):
+            ns = self.ns(i)
+            sh("ip", "netns", "add", ns)
+            sh("ip", "link", "add", f"rfn{i}", "type", "veth", "peer", "name", f"rfh{i}")
+            sh("ip", "link", "set", f"rfn{i}", "netns", ns)
+            sh("ip", "link", "set", f"rfh{i}", "netns", STAR_HUB)
+            in_ns(STAR_HUB, "ip", "link", "set", f"rfh{i}", "master", "rfbr0")
+            in_ns(STAR_HUB, "ip", "link", "set", f"rfh{i}", "up")
+            in_ns(ns, "ip", "addr", "add", f"{self.ips[i]}/24", "dev", f"rfn{i}")
+            in_ns(ns, "ip", "link", "set", f"rfn{i}", "up")
+            in_ns(ns, "ip", "link", "set", "lo", "up")
+        tmp = tempfile.mkdtemp(prefix="rf-netns-star-")
+        self.env = dict(os.environ, HOME=tmp, RAY_AUTH_MODE="disabled")
+        common = ["--num-cpus", "1", "--object-store-memory", str(self.store_bytes), "--disable-usage-stats"]
+        in_ns(self.ns(0), "ray", "start", "--head", "--node-ip-address", self.ips[0], "--port", "6379",
+              "--temp-dir", tmp, "--include-dashboard", "false", "--resources", json.dumps({"n0": 10}),
+              *common, env=self.env, timeout=180)
+        for i in range(1, self.nodes):
+            in_ns(self.ns(i), "ray", "start", "--address", self.address, "--node-ip-address", self.ips[i],
+                  "--resources", json.dumps({f"n{i}": 10}), *common, env=self.env, timeout=180)
+        return self
+
+    def shape(self, rate):
+        """Every node's port limited to `rate` both ways (its veth end, and the switch's)."""
+        for i in range(self.nodes):
+            for ns, dev in ((self.ns(i), f"rfn{i}"), (STAR_HUB, f"rfh{i}")):
+                in_ns(ns, "tc", "qdisc", "del", "dev", dev, "root", check=False)
+                if rate:
+                    in_ns(ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+                          "burst", "512kb", "latency", "50ms")
+
+    def run_driver(self, code, *args, extra_env=None, timeout=600):
+        env = dict(self.env, **(extra_env or {}))
+        return in_ns(self.ns(0), sys.executable, "-c", code, self.address, *args, env=env,
+                     timeout=timeout).stdout
+
+    def stop(self):
+        star_teardown()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -1,0 +1,141 @@
+"""rayfabric bench --broadcast: one object read on every node, on links that are the bottleneck.
+
+  python3 -m rayfabric bench --broadcast [--nodes 4] [--link 2gbit] [--size-mib 256] [--reps 2]
+                                         [--quick] [--json F]
+
+--nodes Ray nodes, each in its own network namespace with one link to a switch (a bridge in a hub
+namespace: rayfabric.netns.NetnsStar), every node's link shaped with tc to --link in both
+directions, so that a node's link, not this host's CPU, is what the readers of one source share.
+Node 0 makes a fresh object per repetition; then every other node gets it, by:
+  ray                Ray's own ray.get on every node at once
+  rayfabric direct   rayfabric.get on every node at once (each reads the holder it picks: at first
+                     only node 0 holds it, so they share node 0's link)
+  rayfabric tree     rayfabric.broadcast: rounds in which every holder serves one more node
+                     (1 -> 2 -> 4 holders), then ray.get (local) on every node
+Time: from the start until the last node has the object (hashing excluded); every node's copy is
+checked by sha256 against node 0's. Printed per path: median seconds, the aggregate rate (bytes
+delivered to all readers per second) as a multiple of one link, the ratio to Ray, and for the tree
+the sources each round used. --quick: 4 nodes, 32 MiB, one repetition (the CI form)."""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+from rayfabric import netns
+
+MiB = 1 << 20
+
+DRIVER = r"""
+import hashlib, json, sys, time
+import numpy as np, ray, rayfabric
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+ray.init(address=sys.argv[1], logging_level="ERROR")
+cfg = json.loads(sys.argv[2])
+node_of = {}
+for n in ray.nodes():
+    if n["Alive"]:
+        for k in n["Resources"]:
+            if k[0] == "n" and k[1:].isdigit():
+                node_of[int(k[1:])] = n["NodeID"]
+N = len(node_of)
+index_of = {v: k for k, v in node_of.items()}
+
+def on(i):
+    return NodeAffinitySchedulingStrategy(node_of[i], soft=False)
+
+@ray.remote(num_cpus=0)
+def make(nbytes, seed):
+    return np.random.default_rng(seed).integers(0, 255, nbytes, dtype=np.uint8)
+
+@ray.remote(num_cpus=0)
+def fetch(refs, how):
+    import rayfabric as rf
+    v = ray.get(refs[0]) if how == "ray" else rf.get(refs[0], timeout=600)
+    done = time.time()
+    return done, hashlib.sha256(v.tobytes()).hexdigest()
+
+rayfabric.init(watch_new_nodes=False)
+rows, seed = [], 10
+for path in cfg["paths"]:
+    for rep in range(cfg["reps"] + 1):  # the first one warms the path up and is not counted
+        seed += 1
+        ref = make.options(scheduling_strategy=on(0)).remote(cfg["bytes"], seed)
+        want = ray.get(fetch.options(scheduling_strategy=on(0)).remote([ref], "ray"))[1]
+        rounds = None
+        start = time.time()
+        if path == "rayfabric tree":
+            rounds = rayfabric.broadcast(ref, nodes=[node_of[i] for i in range(N)], timeout=600)
+            end = time.time()
+            got = ray.get([fetch.options(scheduling_strategy=on(i)).remote([ref], "ray") for i in range(1, N)])
+            rounds = [[(index_of[p["source"]], index_of[p["destination"]], round(p["seconds"], 3), p["pulled"])
+                       for p in r] for r in rounds]
+        else:
+            how = "ray" if path == "ray" else "rf"
+            got = ray.get([fetch.options(scheduling_strategy=on(i)).remote([ref], how) for i in range(1, N)])
+            end = max(g[0] for g in got)
+        rows.append({"path": path, "rep": rep, "seconds": end - start, "ok": all(g[1] == want for g in got),
+                     "rounds": rounds})
+        del ref
+print("RESULT " + json.dumps(rows))
+"""
+
+PATHS = ["ray", "rayfabric direct", "rayfabric tree"]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="rayfabric bench --broadcast", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, default=4, help="Ray nodes, the source included (2..8)")
+    p.add_argument("--link", default="2gbit", help="tc rate of every node's link (e.g. 1gbit, 2gbit)")
+    p.add_argument("--size-mib", type=int, default=256)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="4 nodes, 32 MiB, one repetition")
+    p.add_argument("--json", help="write the rows here")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.nodes, a.size_mib, a.reps = 4, 32, 1
+    why = netns.NetnsPair.available()
+    if why:
+        print(f"rayfabric bench --broadcast: cannot run here: {why}")
+        return 77  # "skipped" to meson
+    nbytes = a.size_mib * MiB
+    link_bits = netns.rate_bits(a.link)
+    star = netns.NetnsStar(nodes=a.nodes, store_bytes=max(300 * MiB, 3 * nbytes))
+    extra = {k: os.environ[k] for k in ("PYTHONPATH", "RAYFABRIC_BIN_DIR") if k in os.environ}
+    print(f"rayfabric bench --broadcast: {a.nodes} nodes in network namespaces, each on a {a.link} link to a "
+          f"switch; one {a.size_mib} MiB object from node 0 to the {a.nodes - 1} others, {a.reps} repetitions "
+          f"(+1 warm-up)", flush=True)
+    try:
+        star.start()
+        star.shape(a.link)
+        out = star.run_driver(DRIVER, json.dumps({"bytes": nbytes, "reps": a.reps, "paths": PATHS}),
+                              extra_env=extra, timeout=1800)
+    finally:
+        star.stop()
+    rows = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[len("RESULT "):])
+    bad = [r for r in rows if not r["ok"]]
+    delivered = (a.nodes - 1) * nbytes * 8
+    print(f"\n{'path':18s} {'median s':>9s} {'aggregate Gb/s':>15s} {'x one link':>11s} {'vs ray':>7s}")
+    summary = {}
+    for name in PATHS:
+        timed = [r for r in rows if r["path"] == name and r["rep"] > 0]
+        med = statistics.median(r["seconds"] for r in timed)
+        summary[name] = med
+        gbps = delivered / med / 1e9
+        print(f"{name:18s} {med:9.3f} {gbps:15.2f} {gbps * 1e9 / link_bits:10.2f}x {summary['ray'] / med:6.2f}x")
+    for r in rows:
+        if r["rounds"] and r["rep"] > 0:
+            print(f"tree rep {r['rep']}: " + "; ".join(
+                f"round {k + 1}: " + ", ".join(f"{s}->{d} {sec:.2f}s{'' if ok else ' (fell back)'}"
+                                               for s, d, sec, ok in rnd) for k, rnd in enumerate(r["rounds"])))
+    print(f"\nbytes verified: {'all' if not bad else f'{len(bad)} BAD'} ({len(rows)} broadcasts, every node's "
+          f"copy by sha256 against node 0's)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"link": a.link, "nodes": a.nodes, "bytes": nbytes, "rows": rows}, f, indent=1)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
