@@ -1,9 +1,11 @@
 """What every real-Ray test module here does the same way: workers that import this checkout
-(the package and these test modules), a patient health check, nodes found by their custom
-resource, calls pinned to them."""
+(the package and these test modules), a patient health check, a cluster of named nodes with
+rayfabric's agents, nodes found by their custom resource, calls pinned to them."""
+import contextlib
 import os
 
 import ray
+from ray.cluster_utils import Cluster
 
 import rayfabric
 
@@ -32,3 +34,30 @@ def node_ids(names):
 def on(node, fn):
     """`fn` (a remote function or actor class) pinned to the node with resource `node`."""
     return fn.options(resources={node: 0.01})
+
+
+@contextlib.contextmanager
+def agents_cluster(names, store_bytes=300 << 20, env=None, node_env=None):
+    """A ray.cluster_utils.Cluster with one 1-CPU node per name (custom resource `name`; the first
+    is the head), this driver connected, rayfabric's agents started (`env` for all, `node_env`
+    {name: env} for some); yields {"cluster", "nodes" ({name: node id}), "records"}; all shut down
+    after."""
+    use_this_checkout()
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "resources": {names[0]: 100}, "object_store_memory": store_bytes,
+        "include_dashboard": False})
+    try:
+        for name in names[1:]:
+            c.add_node(num_cpus=1, resources={name: 100}, object_store_memory=store_bytes)
+        ray.init(address=c.address, logging_level="ERROR")
+        c.wait_for_nodes()
+        nodes = node_ids(names)
+        records = rayfabric.init(env=env, node_env={nodes[k]: v for k, v in (node_env or {}).items()},
+                                 watch_new_nodes=False)
+        try:
+            yield {"cluster": c, "nodes": nodes, "records": records}
+        finally:
+            rayfabric.shutdown()
+    finally:
+        ray.shutdown()
+        c.shutdown()

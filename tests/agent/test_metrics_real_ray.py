@@ -18,11 +18,10 @@ import urllib.request
 import numpy as np
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 
 import rayfabric
 
-from ray_test_cluster import node_ids, on, use_this_checkout
+from ray_test_cluster import agents_cluster, on
 
 MiB = 1 << 20
 NODES = ("n0", "n1", "n2")
@@ -31,20 +30,8 @@ SCRAPE_S = 90
 
 @pytest.fixture(scope="module")
 def cluster():
-    use_this_checkout()
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "resources": {"n0": 100}, "object_store_memory": 300 * MiB, "include_dashboard": False})
-    for name in NODES[1:]:
-        c.add_node(num_cpus=1, resources={name: 100}, object_store_memory=300 * MiB)
-    ray.init(address=c.address, logging_level="ERROR")
-    c.wait_for_nodes()
-    nodes = node_ids(NODES)
-    records = rayfabric.init(env={"RAYFABRIC_METRICS_INTERVAL_S": "1"},
-                             node_env={nodes["n2"]: {"FI_PROVIDER": "udp"}}, watch_new_nodes=False)
-    yield {"nodes": nodes, "records": records}
-    rayfabric.shutdown()
-    ray.shutdown()
-    c.shutdown()
+    with agents_cluster(NODES, env={"RAYFABRIC_METRICS_INTERVAL_S": "1"}, node_env={"n2": {"FI_PROVIDER": "udp"}}) as c:
+        yield {"nodes": c["nodes"], "records": c["records"]}
 
 
 @ray.remote(num_cpus=0)

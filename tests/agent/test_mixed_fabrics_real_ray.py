@@ -15,14 +15,13 @@ import time
 import numpy as np
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 
 import rayfabric
 from rayfabric import _agents
 from rayfabric import agent_pb2 as pb
 from rayfabric._client import AgentClient, error_name
 
-from ray_test_cluster import node_ids, on, use_this_checkout
+from ray_test_cluster import agents_cluster, on
 
 MiB = 1 << 20
 NODES = ("n0", "n1", "n2", "n3")
@@ -40,20 +39,8 @@ NO_WAIT_S = 30
 
 @pytest.fixture(scope="module")
 def cluster():
-    use_this_checkout()
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "resources": {"n0": 100}, "object_store_memory": 400 * MiB, "include_dashboard": False})
-    for name in NODES[1:]:
-        c.add_node(num_cpus=1, resources={name: 100}, object_store_memory=400 * MiB)
-    ray.init(address=c.address, logging_level="ERROR")
-    c.wait_for_nodes()
-    nodes = node_ids(NODES)
-    records = rayfabric.init(env=AGENT_ENV, node_env={nodes[k]: v for k, v in NODE_ENV.items()},
-                             watch_new_nodes=False)
-    yield {"nodes": nodes, "records": records}
-    rayfabric.shutdown()
-    ray.shutdown()
-    c.shutdown()
+    with agents_cluster(NODES, store_bytes=400 * MiB, env=AGENT_ENV, node_env=NODE_ENV) as c:
+        yield {"nodes": c["nodes"], "records": c["records"]}
 
 
 @ray.remote(num_cpus=0)
