@@ -55,10 +55,39 @@ def teardown():
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-class NetnsPair:
+def shape_device(ns, dev, rate):
+    """`dev` in namespace `ns` limited to `rate` (tc's units) on egress, or unshaped with None."""
+    in_ns(ns, "tc", "qdisc", "del", "dev", dev, "root", check=False)
+    if rate:
+        # burst: a few ms of the rate (tbf needs at least one MTU per timer tick).
+        in_ns(ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+              "burst", "512kb", "latency", "50ms")
+
+
+class _RayNodes:
+    """What both layouts share: the driver runs in the head's namespace; a context manager."""
+
+    head_ns = None
+
+    def run_driver(self, code, *args, extra_env=None, timeout=600):
+        """Runs `python -c code address args...` in the head node's namespace; returns its stdout."""
+        env = dict(self.env, **(extra_env or {}))
+        return in_ns(self.head_ns, sys.executable, "-c", code, self.address, *args, env=env,
+                     timeout=timeout).stdout
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class NetnsPair(_RayNodes):
     """Node A (head, resource "nA") and node B (resource "nB"), `links` veth pairs between them.
     Link 0 is created first and carries Ray; later links are created after it (libfabric lists the
     newest interface first, which is what the interface tests need)."""
+
+    head_ns = NAMESPACES[0]
 
     def __init__(self, links=2, store_bytes=300 * MiB):
         if not 1 <= links <= len(LINKS):
@@ -107,26 +136,10 @@ class NetnsPair:
         with rate None."""
         for dev_a, dev_b, _, _ in self.links:
             for ns, dev in ((NAMESPACES[0], dev_a), (NAMESPACES[1], dev_b)):
-                in_ns(ns, "tc", "qdisc", "del", "dev", dev, "root", check=False)
-                if rate:
-                    # burst: a few ms of the rate (tbf needs at least one MTU per timer tick).
-                    in_ns(ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
-                          "burst", "512kb", "latency", "50ms")
-
-    def run_driver(self, code, *args, extra_env=None, timeout=600):
-        """Runs `python -c code args...` in node A's namespace; returns its stdout."""
-        env = dict(self.env, **(extra_env or {}))
-        return in_ns(NAMESPACES[0], sys.executable, "-c", code, self.address, *args, env=env,
-                     timeout=timeout).stdout
+                shape_device(ns, dev, rate)
 
     def stop(self):
         teardown()
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
 
 
 def rate_bits(rate):
@@ -148,11 +161,13 @@ def star_teardown(nodes=8):
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-class NetnsStar:
+class NetnsStar(_RayNodes):
     """`nodes` Ray nodes (node i: namespace rfbc<i>, resource "n<i>", address 198.51.100.<10+i>),
     each joined by its own veth pair to a bridge in a hub namespace: a switch with one port per
     node. shape() limits every node's port in both directions, so a node's link, not the switch, is
     what several readers of one source share. Node 0 is the head."""
+
+    head_ns = f"{STAR_PREFIX}0"
 
     def __init__(self, nodes=4, store_bytes=300 * MiB):
         if not 2 <= nodes <= 8:
@@ -197,21 +212,7 @@ class NetnsStar:
         """Every node's port limited to `rate` both ways (its veth end, and the switch's)."""
         for i in range(self.nodes):
             for ns, dev in ((self.ns(i), f"rfn{i}"), (STAR_HUB, f"rfh{i}")):
-                in_ns(ns, "tc", "qdisc", "del", "dev", dev, "root", check=False)
-                if rate:
-                    in_ns(ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
-                          "burst", "512kb", "latency", "50ms")
-
-    def run_driver(self, code, *args, extra_env=None, timeout=600):
-        env = dict(self.env, **(extra_env or {}))
-        return in_ns(self.ns(0), sys.executable, "-c", code, self.address, *args, env=env,
-                     timeout=timeout).stdout
+                shape_device(ns, dev, rate)
 
     def stop(self):
         star_teardown()
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
