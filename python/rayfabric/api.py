@@ -343,7 +343,7 @@ def _pull(refs, timeout, claim=False, answer_within_s=None, source_node=None):
         items = []
         for ref, nodes, size in candidates:
             source, why = None, None
-            if source_node is not None and source_node in agents:
+            if source_node is not None and attempt == 0 and source_node in agents:
                 source, why = _pick_source(local, [source_node], agents, ref.binary(), here)
             if source is None:
                 source, why = _pick_source(local, nodes, agents, ref.binary(), here)
@@ -406,48 +406,72 @@ def _pull(refs, timeout, claim=False, answer_within_s=None, source_node=None):
 _broadcast_task = None
 
 
+def _broadcast_pull(refs, source, timeout_s):
+    """On a destination node: the fabric pull from `source`, then Ray's own path for what it did not
+    bring (ray.wait with fetch_local: at once when the copy is here). What happened, for broadcast."""
+    before = stats()
+    start = time.monotonic()
+    error = None
+    try:
+        _pull(refs, timeout_s, source_node=source)
+    except Exception as e:  # noqa: BLE001 - as get(): Ray's path still brings it
+        error = f"{type(e).__name__}: {e}"[:300]
+    after = stats()
+    fabric_s = time.monotonic() - start
+    read_from = sorted(n for n, c in after["pulls_by_source"].items() if c > before["pulls_by_source"].get(n, 0))
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.1, timeout_s - fabric_s), fetch_local=True)
+    return {"seconds": time.monotonic() - start, "fabric_seconds": fabric_s,
+            "pulled": after["objects_pulled"] > before["objects_pulled"] or after["already_here"] > before["already_here"],
+            "local": len(ready) == len(refs), "read_from": read_from, "error": error}
+
+
 def broadcast(ref, nodes=None, timeout=None):
     """Copies one plasma object into the store of every node in `nodes` (node ids; default: every
-    node with a rayfabric agent) by the fabric, in rounds like a binomial tree: each round every
-    node that holds the object serves one node that does not, so the copies double per round
-    instead of every reader sharing the first holder's link. Returns the rounds, each a list of
-    {"source", "destination", "seconds", "pulled"} (node ids; pulled false: that node fell back
-    to Ray's path, counted like any fallback, and does not serve later rounds)."""
+    node with a rayfabric agent) in rounds like a binomial tree: each round every node that holds
+    the object serves one node that does not, by the fabric, so the copies double per round instead
+    of every reader sharing the first holder's link. A destination the fabric could not serve gets
+    the object by Ray's own path in the same round (counted as a fallback where rayfabric.get would
+    count one). Returns the rounds, each a list of {"source", "destination", "read_from" (the node(s)
+    its fabric pull read), "pulled" (by the fabric), "local" (the node holds a copy now),
+    "seconds", "error"}; a node without a copy (dead, timed out) does not serve later rounds.
+    `timeout` bounds the whole (default: RAYFABRIC_PULL_TIMEOUT_S per round)."""
     global _broadcast_task
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     if _broadcast_task is None:
-        @ray.remote(num_cpus=0)
-        def pull_from(refs, source, timeout_s):
-            from rayfabric import api
-            before = api.stats()
-            start = time.monotonic()
-            api._pull(refs, timeout_s, source_node=source)
-            after = api.stats()
-            return {"seconds": time.monotonic() - start,
-                    "pulled": after["objects_pulled"] > before["objects_pulled"]
-                    or after["already_here"] > before["already_here"]}
-
-        _broadcast_task = pull_from
+        _broadcast_task = ray.remote(num_cpus=0)(_broadcast_pull)
     deadline = None if timeout is None else time.monotonic() + timeout
     core_worker = ray._private.worker.global_worker.core_worker
-    holders = list((_locations(core_worker, [ref]).get(ref) or {}).get("node_ids") or [])
+    location = _locations(core_worker, [ref]).get(ref) or {}
+    holders = list(dict.fromkeys(location.get("node_ids") or []))
     if not holders:
         raise ValueError("rayfabric.broadcast: the object is in no node's object store (inlined in its "
                          "owner, spilled or lost); use ray.get for it")
+    alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     if nodes is None:
         nodes = list(_agent_records(refresh=True))
-    pending = [n for n in nodes if n not in holders]
+    pending = [n for n in dict.fromkeys(nodes) if n in alive and n not in holders]
     rounds = []
     while pending:
         pairs = list(zip(holders, pending))
-        left = None if deadline is None else max(0.1, deadline - time.monotonic())
+        pending = pending[len(pairs):]
+        left = PULL_TIMEOUT_S if deadline is None else max(0.1, deadline - time.monotonic())
         futures = [_broadcast_task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(dst, soft=False))
                    .remote([ref], src, left) for src, dst in pairs]
-        results = ray.get(futures, timeout=left)
+        ready, not_ready = ray.wait(futures, num_returns=len(futures), timeout=left + 5)
+        for f in not_ready:
+            ray.cancel(f, force=True)
+        results = []
+        for f in futures:
+            try:
+                results.append(_ray_get(f, timeout=1) if f in ready else
+                               {"pulled": False, "local": False, "read_from": [], "seconds": left,
+                                "error": f"no answer within {left:.0f} s"})
+            except Exception as e:  # noqa: BLE001 - the destination died or could not run the task
+                results.append({"pulled": False, "local": False, "read_from": [], "seconds": None,
+                                "error": f"{type(e).__name__}: {e}"[:300]})
         rounds.append([dict(r, source=src, destination=dst) for (src, dst), r in zip(pairs, results)])
-        holders += [dst for (_, dst), r in zip(pairs, results) if r["pulled"]]
-        pending = pending[len(pairs):]
+        holders += [dst for (_, dst), r in zip(pairs, results) if r["local"]]
     return rounds
 
 

@@ -76,10 +76,18 @@ class _RayNodes:
                      timeout=timeout).stdout
 
     def __enter__(self):
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()  # what start() made before it failed
+            raise
 
     def __exit__(self, *exc):
         self.stop()
+
+    def _remove_temp(self):
+        if self.env and self.env.get("HOME", "").startswith(tempfile.gettempdir()):
+            shutil.rmtree(self.env["HOME"], ignore_errors=True)
 
 
 class NetnsPair(_RayNodes):
@@ -140,6 +148,7 @@ class NetnsPair(_RayNodes):
 
     def stop(self):
         teardown()
+        self._remove_temp()
 
 
 def rate_bits(rate):
@@ -178,6 +187,16 @@ class NetnsStar(_RayNodes):
         self.ips = [f"198.51.100.{10 + i}" for i in range(nodes)]
         self.address = f"{self.ips[0]}:6379"
 
+    @staticmethod
+    def available():
+        """None if namespaces can be made here, else why not (probing a name of its own)."""
+        if os.geteuid() != 0 or shutil.which("ip") is None:
+            return "needs root and iproute2 (ip netns)"
+        star_teardown()
+        probe = subprocess.run(["ip", "netns", "add", STAR_HUB], capture_output=True, text=True)
+        subprocess.run(["ip", "netns", "del", STAR_HUB], capture_output=True)
+        return None if probe.returncode == 0 else f"cannot create network namespaces here: {probe.stderr.strip()}"
+
     def ns(self, i):
         return f"{STAR_PREFIX}{i}"
 
@@ -189,9 +208,9 @@ class NetnsStar(_RayNodes):
         for i in range(self.nodes):
             ns = self.ns(i)
             sh("ip", "netns", "add", ns)
-            sh("ip", "link", "add", f"rfn{i}", "type", "veth", "peer", "name", f"rfh{i}")
-            sh("ip", "link", "set", f"rfn{i}", "netns", ns)
-            sh("ip", "link", "set", f"rfh{i}", "netns", STAR_HUB)
+            # Made inside the namespaces: nothing is ever left in the host's own.
+            sh("ip", "link", "add", f"rfn{i}", "netns", ns, "type", "veth", "peer", "name", f"rfh{i}",
+               "netns", STAR_HUB)
             in_ns(STAR_HUB, "ip", "link", "set", f"rfh{i}", "master", "rfbr0")
             in_ns(STAR_HUB, "ip", "link", "set", f"rfh{i}", "up")
             in_ns(ns, "ip", "addr", "add", f"{self.ips[i]}/24", "dev", f"rfn{i}")
@@ -216,3 +235,4 @@ class NetnsStar(_RayNodes):
 
     def stop(self):
         star_teardown()
+        self._remove_temp()

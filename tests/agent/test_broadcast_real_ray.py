@@ -11,6 +11,7 @@ import pytest
 import ray
 
 import rayfabric
+from rayfabric import _agents
 
 from ray_test_cluster import agents_cluster, on
 
@@ -44,13 +45,33 @@ def test_broadcast_copies_to_every_node_in_doubling_rounds(cluster):
     want, _ = ray.get(on("n0", local_copy).remote([ref]))
     rounds = rayfabric.broadcast(ref, nodes=list(nodes.values()), timeout=120)
     assert [len(r) for r in rounds] == [1, 2], rounds
-    assert rounds[0][0]["source"] == nodes["n0"] and all(p["pulled"] for r in rounds for p in r), rounds
+    assert rounds[0][0]["source"] == nodes["n0"], rounds
+    for pair in (p for r in rounds for p in r):  # each read by the fabric from its assigned source
+        assert pair["pulled"] and pair["local"] and pair["read_from"] == [pair["source"]], pair
     first = rounds[0][0]["destination"]
     assert {p["source"] for p in rounds[1]} == {nodes["n0"], first}, rounds
     assert {p["destination"] for r in rounds for p in r} == {nodes[n] for n in NODES[1:]}
     for name in NODES[1:]:
         digest, here = ray.get(on(name, local_copy).remote([ref]))
         assert digest == want and here, name
+
+
+def test_a_destination_whose_agent_died_gets_the_object_by_rays_path_in_its_round(cluster):
+    """n3's agent is killed (for real): its round's fabric pull fails, Ray copies the object there
+    in the same round, and the result says so (pulled false, local true); the copy is right."""
+    nodes = cluster
+    ref = on("n0", produce).remote(8 * MiB, 11)
+    want, _ = ray.get(on("n0", local_copy).remote([ref]))
+    n3_agent = _agents.actor_of(nodes["n3"])
+    assert ray.get(n3_agent.kill_agent.remote()) != 0
+    try:
+        rounds = rayfabric.broadcast(ref, nodes=[nodes["n0"], nodes["n3"]], timeout=120)
+        (pair,) = [p for r in rounds for p in r]
+        assert pair["destination"] == nodes["n3"] and not pair["pulled"] and pair["local"], rounds
+        digest, here = ray.get(on("n3", local_copy).remote([ref]))
+        assert digest == want and here
+    finally:
+        ray.get(n3_agent.restart.remote())
 
 
 def test_broadcast_of_an_object_in_no_store_is_refused(cluster):
