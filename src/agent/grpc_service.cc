@@ -13,6 +13,14 @@ namespace {
 constexpr int kMaxItemsPerRequest = 100000;
 constexpr int kMaxFallbacksPerReport = 1000;
 
+// Refused requests are logged, but any host can send them: at most 10 lines a minute, so that a
+// flood of forged or remote requests cannot fill the disk under Ray's log directory (each one is
+// still counted in the status).
+LogLimiter& RefusalLog() {
+  static LogLimiter limiter(10, std::chrono::minutes(1));
+  return limiter;
+}
+
 // gRPC deadlines are system_clock; the agent's are steady_clock.
 std::chrono::steady_clock::time_point DeadlineOf(const grpc::ServerContext* context) {
   const auto deadline = context->deadline();
@@ -40,7 +48,8 @@ grpc::Status AgentService::Authenticate(const grpc::ServerContext* context, cons
   Status s = credentials_.Check(*context);
   if (s.ok()) return grpc::Status::OK;
   agent_->CountUnauthenticated();
-  RF_LOG(kWarn, rpc << " from " << context->peer() << " refused: " << s.message());
+  RF_LOG_LIMITED(RefusalLog(), kWarn,
+                 rpc << " from " << context->peer() << " refused: " << s.message());
   return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(rpc) + ": " + s.message());
 }
 
@@ -105,7 +114,8 @@ grpc::Status AgentService::Pull(grpc::ServerContext* context, const v1::PullRequ
   // processes of this node may ask, over the agent's Unix socket.
   if (!IsLocal(context->peer())) {
     agent_->CountRemotePull();
-    RF_LOG(kWarn, "Pull from " << context->peer() << " refused: not a local process");
+    RF_LOG_LIMITED(RefusalLog(), kWarn,
+                   "Pull from " << context->peer() << " refused: not a local process");
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                         "Pull is served only to processes of this node, on the agent's local "
                         "socket (its record's local_socket); " +
@@ -141,7 +151,8 @@ grpc::Status AgentService::ReportFallbacks(grpc::ServerContext* context,
   // The counts describe this node's gets: only its own processes report them (as with Pull).
   if (!IsLocal(context->peer())) {
     agent_->CountRemoteReport();
-    RF_LOG(kWarn, "ReportFallbacks from " << context->peer() << " refused: not a local process");
+    RF_LOG_LIMITED(RefusalLog(), kWarn,
+                   "ReportFallbacks from " << context->peer() << " refused: not a local process");
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                         "ReportFallbacks is served only to processes of this node, on the agent's "
                         "local socket (its record's local_socket); " +

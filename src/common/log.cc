@@ -42,4 +42,21 @@ void LogLine(LogLevel level, const std::string& line) {
                line.c_str());
 }
 
+bool LogLimiter::Allow(uint64_t* suppressed) {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (written_in_window_ == 0 || now - window_start_ >= window_) {
+    window_start_ = now;
+    written_in_window_ = 0;
+  }
+  if (written_in_window_ >= burst_) {
+    ++suppressed_;
+    return false;
+  }
+  ++written_in_window_;
+  *suppressed = suppressed_;
+  suppressed_ = 0;
+  return true;
+}
+
 }  // namespace rayfabric

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -171,6 +172,16 @@ def test_remote_pull_is_refused(cluster):
     assert "only to processes of this node" in refused.value.details()
     assert remote.status().pulls_refused_remote - before == 1
     assert not ray.get(on("n0", is_local).remote([ref]))[0], "a refused Pull created the object anyway"
+    # A flood of refused requests is counted one by one but logged at most 10 lines a minute (any
+    # host can send them: the agent's log must not grow with them).
+    log_path = Path(rayfabric._agents._log_path(cluster["nodes"]["n0"]))
+    logged_before = log_path.read_text(errors="replace").count("refused")
+    for _ in range(200):
+        with pytest.raises(grpc.RpcError):
+            remote.pull([item], 5)
+    assert remote.status().pulls_refused_remote - before == 201
+    logged = log_path.read_text(errors="replace").count("refused") - logged_before
+    assert logged <= 20, f"{logged} refusal lines logged for 200 refused requests"
     # The local socket serves it.
     reply = client(cluster, "n0", local=True).pull([item], 30)
     assert reply.results[0].outcome == pb.PULLED, reply

@@ -1,8 +1,10 @@
 #include <gtest/gtest.h>
+#include <thread>
 
 #include <cstdlib>
 
 #include "rayfabric/config.h"
+#include "rayfabric/log.h"
 #include "rayfabric/status.h"
 
 namespace rayfabric {
@@ -44,7 +46,8 @@ TEST(Config, DefaultsEnvironmentAndOverrides) {
   EXPECT_EQ(*c.GetBytes("chunk_size"), 4u << 20);
   EXPECT_TRUE(c.Set("chunk_size", "64K").ok());
   EXPECT_EQ(*c.GetBytes("chunk_size"), 64u << 10);
-  EXPECT_NE(c.Describe().find("max_inflight = '7' (env RAYFABRIC_MAX_INFLIGHT)"), std::string::npos);
+  EXPECT_NE(c.Describe().find("max_inflight = '7' (env RAYFABRIC_MAX_INFLIGHT)"),
+            std::string::npos);
 }
 
 TEST(Config, RejectsUnknownNamesAndBadValues) {
@@ -60,3 +63,18 @@ TEST(Config, RejectsUnknownNamesAndBadValues) {
 
 }  // namespace
 }  // namespace rayfabric
+
+TEST(LogLimiter, WritesABurstPerWindowThenSaysHowManyWereHeldBack) {
+  rayfabric::LogLimiter limiter(3, std::chrono::milliseconds(200));
+  uint64_t suppressed = 99;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(limiter.Allow(&suppressed));
+    EXPECT_EQ(suppressed, 0u);
+  }
+  for (int i = 0; i < 1000; ++i) EXPECT_FALSE(limiter.Allow(&suppressed));  // a flood
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  ASSERT_TRUE(limiter.Allow(&suppressed));
+  EXPECT_EQ(suppressed, 1000u);  // the next line written says so
+  ASSERT_TRUE(limiter.Allow(&suppressed));
+  EXPECT_EQ(suppressed, 0u);
+}
