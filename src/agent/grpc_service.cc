@@ -21,6 +21,16 @@ LogLimiter& RefusalLog() {
   return limiter;
 }
 
+// The refusal of an RPC served only on the agent's local socket, asked by `peer` over the network.
+grpc::Status NotLocal(const char* rpc, const std::string& peer) {
+  RF_LOG_LIMITED(RefusalLog(), kWarn, rpc << " from " << peer << " refused: not a local process");
+  return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                      std::string(rpc) +
+                          " is served only to processes of this node, on the agent's local socket "
+                          "(its record's local_socket); " +
+                          peer + " is not local");
+}
+
 // gRPC deadlines are system_clock; the agent's are steady_clock.
 std::chrono::steady_clock::time_point DeadlineOf(const grpc::ServerContext* context) {
   const auto deadline = context->deadline();
@@ -114,12 +124,7 @@ grpc::Status AgentService::Pull(grpc::ServerContext* context, const v1::PullRequ
   // processes of this node may ask, over the agent's Unix socket.
   if (!IsLocal(context->peer())) {
     agent_->CountRemotePull();
-    RF_LOG_LIMITED(RefusalLog(), kWarn,
-                   "Pull from " << context->peer() << " refused: not a local process");
-    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        "Pull is served only to processes of this node, on the agent's local "
-                        "socket (its record's local_socket); " +
-                            context->peer() + " is not local");
+    return NotLocal("Pull", context->peer());
   }
   grpc::Status v = CheckVersion(request->protocol_version(), "Pull");
   if (!v.ok()) return v;
@@ -151,12 +156,7 @@ grpc::Status AgentService::ReportFallbacks(grpc::ServerContext* context,
   // The counts describe this node's gets: only its own processes report them (as with Pull).
   if (!IsLocal(context->peer())) {
     agent_->CountRemoteReport();
-    RF_LOG_LIMITED(RefusalLog(), kWarn,
-                   "ReportFallbacks from " << context->peer() << " refused: not a local process");
-    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        "ReportFallbacks is served only to processes of this node, on the agent's "
-                        "local socket (its record's local_socket); " +
-                            context->peer() + " is not local");
+    return NotLocal("ReportFallbacks", context->peer());
   }
   grpc::Status v = CheckVersion(request->protocol_version(), "ReportFallbacks");
   if (!v.ok()) return v;
