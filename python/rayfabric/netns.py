@@ -55,6 +55,17 @@ def teardown():
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
+def _can_make_namespace(name, clean):
+    """None if namespace `name` can be made here (after `clean()` removed leftovers of an earlier
+    run of that layout), else why not."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return "needs root and iproute2 (ip netns)"
+    clean()
+    probe = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    return None if probe.returncode == 0 else f"cannot create network namespaces here: {probe.stderr.strip()}"
+
+
 def shape_device(ns, dev, rate):
     """`dev` in namespace `ns` limited to `rate` (tc's units) on egress, or unshaped with None."""
     in_ns(ns, "tc", "qdisc", "del", "dev", dev, "root", check=False)
@@ -108,12 +119,7 @@ class NetnsPair(_RayNodes):
     @staticmethod
     def available():
         """None if namespaces can be made here, else why not."""
-        if os.geteuid() != 0 or shutil.which("ip") is None:
-            return "needs root and iproute2 (ip netns)"
-        teardown()
-        probe = subprocess.run(["ip", "netns", "add", NAMESPACES[0]], capture_output=True, text=True)
-        subprocess.run(["ip", "netns", "del", NAMESPACES[0]], capture_output=True)
-        return None if probe.returncode == 0 else f"cannot create network namespaces here: {probe.stderr.strip()}"
+        return _can_make_namespace(NAMESPACES[0], teardown)
 
     def start(self):
         teardown()
@@ -190,12 +196,7 @@ class NetnsStar(_RayNodes):
     @staticmethod
     def available():
         """None if namespaces can be made here, else why not (probing a name of its own)."""
-        if os.geteuid() != 0 or shutil.which("ip") is None:
-            return "needs root and iproute2 (ip netns)"
-        star_teardown()
-        probe = subprocess.run(["ip", "netns", "add", STAR_HUB], capture_output=True, text=True)
-        subprocess.run(["ip", "netns", "del", STAR_HUB], capture_output=True)
-        return None if probe.returncode == 0 else f"cannot create network namespaces here: {probe.stderr.strip()}"
+        return _can_make_namespace(STAR_HUB, star_teardown)
 
     def ns(self, i):
         return f"{STAR_PREFIX}{i}"
