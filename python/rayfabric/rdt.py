@@ -179,9 +179,10 @@ class RayfabricTensorTransport(TensorTransportManager):
             out.update({f"bytes_{k}": v for k, v in self._bytes.items()})
             return out
 
-    def _device_memory_ok(self, engines) -> bool:
-        """Whether CUDA buffers are registered directly with these engines (FI_HMEM on each)."""
-        return bool(engines) and all(e.device_memory for e in engines) and self._device_memory_failed is None
+    def _device_memory_ok(self, engine) -> bool:
+        """Whether CUDA buffers are registered directly with `engine` (it has FI_HMEM, and device
+        memory was not given up in this process)."""
+        return engine.device_memory and self._device_memory_failed is None
 
     def _give_up_device_memory(self, error):
         if self._device_memory_failed is None:
@@ -455,7 +456,7 @@ class RayfabricTensorTransport(TensorTransportManager):
         memory only is shared by every object holding the buffer."""
         import torch
 
-        direct = [e.device_memory and self._device_memory_failed is None for e in engines]
+        direct = [self._device_memory_ok(e) for e in engines]
         if all(direct):
             key = ("cuda", t.data_ptr(), n)
             if key in self._registrations:
@@ -511,7 +512,7 @@ class RayfabricTensorTransport(TensorTransportManager):
         import torch
 
         wanted = [i for i, g in enumerate(to_gpu) if g]
-        if not wanted or not self._device_memory_ok([engine]):
+        if not wanted or not self._device_memory_ok(engine):
             return {}
         out = {}
         try:
