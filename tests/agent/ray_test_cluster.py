@@ -4,6 +4,7 @@ rayfabric's agents, nodes found by their custom resource, calls pinned to them."
 import contextlib
 import os
 
+import numpy as np
 import ray
 from ray.cluster_utils import Cluster
 
@@ -29,6 +30,12 @@ def node_ids(names):
             if n["Alive"] and name in n["Resources"]:
                 ids[name] = n["NodeID"]
     return ids
+
+
+@ray.remote(num_cpus=0)
+def produce(nbytes, seed):
+    """`nbytes` pseudo-random bytes from `seed` (a numpy array): an object where it runs."""
+    return np.random.default_rng(seed).integers(0, 256, size=nbytes, dtype=np.uint8)
 
 
 def on(node, fn):

@@ -6,14 +6,13 @@ holders of that round. Also: readers of an object held by several nodes spread a
 (rendezvous choice), and broadcast of an object in no store is refused with the reason."""
 import hashlib
 
-import numpy as np
 import pytest
 import ray
 
 import rayfabric
 from rayfabric import _agents
 
-from ray_test_cluster import agents_cluster, on
+from ray_test_cluster import agents_cluster, on, produce
 
 MiB = 1 << 20
 NODES = ("n0", "n1", "n2", "n3")
@@ -23,11 +22,6 @@ NODES = ("n0", "n1", "n2", "n3")
 def cluster():
     with agents_cluster(NODES, env={"RAYFABRIC_PROVIDER": "tcp;ofi_rxm"}) as c:
         yield c["nodes"]
-
-
-@ray.remote(num_cpus=0)
-def produce(nbytes, seed):
-    return np.random.default_rng(seed).integers(0, 256, size=nbytes, dtype=np.uint8)
 
 
 @ray.remote(num_cpus=0)

@@ -25,7 +25,7 @@ from rayfabric import _agents
 from rayfabric import agent_pb2 as pb
 from rayfabric._client import AgentClient
 
-from ray_test_cluster import agents_cluster, on
+from ray_test_cluster import agents_cluster, on, produce
 
 MiB = 1 << 20
 NODES = ("n0", "n1", "n2")
@@ -39,11 +39,6 @@ REPORT_WAIT_S = 20  # a report is sent at once, off the get's path; this bounds 
 def cluster():
     with agents_cluster(NODES, env={"RAYFABRIC_OP_TIMEOUT_MS": "8000"}, node_env=NODE_ENV) as c:
         yield {"address": c["cluster"].address, "nodes": c["nodes"], "records": c["records"]}
-
-
-@ray.remote(num_cpus=0)
-def produce(nbytes, seed):
-    return np.random.default_rng(seed).integers(0, 256, size=nbytes, dtype=np.uint8)
 
 
 @ray.remote(num_cpus=0)

@@ -43,7 +43,7 @@ from ray.cluster_utils import Cluster
 import rayfabric
 from rayfabric import doctor
 
-from ray_test_cluster import node_ids, on, use_this_checkout
+from ray_test_cluster import node_ids, on, produce, use_this_checkout
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 HUGE_PAGE = 2 * MiB
@@ -194,11 +194,6 @@ def cluster(hugepages):
         ray.shutdown()
         if c is not None:
             c.shutdown()
-
-
-@ray.remote(num_cpus=0)
-def produce(nbytes, seed):
-    return np.random.default_rng(seed).integers(0, 256, size=nbytes, dtype=np.uint8)
 
 
 @ray.remote(num_cpus=0)

@@ -21,7 +21,7 @@ import ray
 
 import rayfabric
 
-from ray_test_cluster import agents_cluster, on
+from ray_test_cluster import agents_cluster, on, produce
 
 MiB = 1 << 20
 NODES = ("n0", "n1", "n2")
@@ -32,11 +32,6 @@ SCRAPE_S = 90
 def cluster():
     with agents_cluster(NODES, env={"RAYFABRIC_METRICS_INTERVAL_S": "1"}, node_env={"n2": {"FI_PROVIDER": "udp"}}) as c:
         yield {"nodes": c["nodes"], "records": c["records"]}
-
-
-@ray.remote(num_cpus=0)
-def produce(nbytes, seed):
-    return np.random.default_rng(seed).integers(0, 256, size=nbytes, dtype=np.uint8)
 
 
 @ray.remote(num_cpus=0)

@@ -21,7 +21,7 @@ from rayfabric import _agents
 from rayfabric import agent_pb2 as pb
 from rayfabric._client import AgentClient, error_name
 
-from ray_test_cluster import agents_cluster, on
+from ray_test_cluster import agents_cluster, on, produce
 
 MiB = 1 << 20
 NODES = ("n0", "n1", "n2", "n3")
@@ -41,11 +41,6 @@ NO_WAIT_S = 30
 def cluster():
     with agents_cluster(NODES, store_bytes=400 * MiB, env=AGENT_ENV, node_env=NODE_ENV) as c:
         yield {"nodes": c["nodes"], "records": c["records"]}
-
-
-@ray.remote(num_cpus=0)
-def produce(nbytes, seed):
-    return np.random.default_rng(seed).integers(0, 256, size=nbytes, dtype=np.uint8)
 
 
 @ray.remote(num_cpus=0)

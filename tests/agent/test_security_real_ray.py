@@ -30,7 +30,7 @@ from rayfabric._client import AgentClient, error_name, make_channel
 from rayfabric.bench import raylet_pid
 
 from agent_front import AgentFront
-from ray_test_cluster import node_ids, on, use_this_checkout
+from ray_test_cluster import node_ids, on, produce, use_this_checkout
 
 MODE = os.environ.get("RAYFABRIC_SECURITY_MODE", "none")
 MiB = 1 << 20
@@ -97,11 +97,6 @@ def record(cluster, name):
 def client(cluster, name, local=False):
     r = record(cluster, name)
     return AgentClient("unix:" + r["local_socket"] if local else r["address"])
-
-
-@ray.remote(num_cpus=0)
-def produce(nbytes, seed):
-    return np.random.default_rng(seed).integers(0, 256, size=nbytes, dtype=np.uint8)
 
 
 @ray.remote(num_cpus=0)
