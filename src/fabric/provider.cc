@@ -304,6 +304,7 @@ void OfferDeviceMemory(SelectedProvider& selected, const EngineOptions& options)
   struct fi_info* raw = nullptr;
   const int ret = fi_getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, hints.get(), &raw);
   std::unique_ptr<struct fi_info, InfoDeleter> infos(raw);
+  const struct fi_info* chosen = selected.info.get();
   const struct fi_info* match = nullptr;
   for (const struct fi_info* i = ret == 0 ? infos.get() : nullptr; i != nullptr; i = i->next) {
     const bool same = i->fabric_attr->prov_name && host.provider == i->fabric_attr->prov_name &&
@@ -311,7 +312,6 @@ void OfferDeviceMemory(SelectedProvider& selected, const EngineOptions& options)
                       (i->caps & FI_HMEM) != 0;
     // The same address the selection chose (the domain may hold several: the node's Ray IP
     // among them), so peers see the engine where they would without device memory.
-    const struct fi_info* chosen = selected.info.get();
     const bool same_address =
         i->addr_format == chosen->addr_format &&
         (chosen->src_addr == nullptr ||
@@ -331,9 +331,7 @@ void OfferDeviceMemory(SelectedProvider& selected, const EngineOptions& options)
     return;
   }
   selected.host_info = std::move(selected.info);
-  selected.host_profile = selected.report.chosen;
-  selected.host_profile.device_memory_note =
-      "FI_HMEM offered, but the endpoint did not open with it: host memory only";
+  selected.host_profile = selected.report.chosen;  // its note is set if it is ever opened
   selected.info.reset(fi_dupinfo(match));
   ProviderProfile upgraded = ProfileFromInfo(match);
   upgraded.device_memory_note =
