@@ -106,9 +106,17 @@ class PlasmaClient {
   // every other object this client created); ReapAbandonedCreates aborts it once fulfilled, and a
   // new Create of that id answers AlreadyExists until then.
   Result<ObjectBuffer> Create(const ObjectId& id, const CreateOptions& options);
+  // Create of each id (options[k] for ids[k]), with the requests written back to back before
+  // their replies are read: one round trip per group of requests instead of one per object.
+  // One result per id, in order, each exactly what Create would answer.
+  std::vector<Result<ObjectBuffer>> CreateMany(const std::vector<ObjectId>& ids,
+                                               const std::vector<CreateOptions>& options);
   Result<size_t> ReapAbandonedCreates();  // how many fulfilled abandoned creates were aborted
   size_t abandoned_creates() const;
-  Status Seal(const ObjectId& id);            // only an object this client created and did not seal
+  Status Seal(const ObjectId& id);  // only an object this client created and did not seal
+  // Seal of each id, then Release of each one sealed (as Seal and Release), pipelined like
+  // CreateMany. One status per id, in order: the Seal's.
+  std::vector<Status> SealAndRelease(const std::vector<ObjectId>& ids);
   Status Abort(const ObjectId& id);           // only an object this client created and did not seal
   Status Release(const ObjectId& id);         // a sealed object held through Get or Create+Seal
   Result<bool> Contains(const ObjectId& id);  // true only when sealed

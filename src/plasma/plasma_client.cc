@@ -33,6 +33,10 @@ constexpr int64_t kMaxSegmentBytes = 1ll << 50;
 constexpr size_t kMaxIdsPerGet = 100000;
 constexpr int64_t kMaxTimeoutMs = 24ll * 3600 * 1000;
 constexpr auto kCreateRetryInterval = std::chrono::milliseconds(10);  // what Ray's client waits
+// Requests written back to back before their replies are read (CreateMany, SealAndRelease):
+// a few KiB each way, far below a Unix socket's buffer, so neither side blocks writing while the
+// other does.
+constexpr size_t kPipelineDepth = 64;
 
 std::string Short(const ObjectId& id) { return id.Hex().substr(0, 16) + ".."; }
 
@@ -220,7 +224,34 @@ class PlasmaClient::Impl {
   }
 
   Result<ObjectBuffer> Create(const ObjectId& id, const CreateOptions& o, int64_t capacity) {
+    std::vector<Result<ObjectBuffer>> one = CreateMany({id}, {o}, capacity);
+    return std::move(one.front());
+  }
+
+  // Every Create request of the batch is written before any reply is read (the store answers
+  // each in order, at once: the object, an error, or "queued" while it makes room), in groups of
+  // kPipelineDepth so that neither side's socket buffer can fill while the other writes.
+  std::vector<Result<ObjectBuffer>> CreateMany(const std::vector<ObjectId>& ids,
+                                               const std::vector<CreateOptions>& options,
+                                               int64_t capacity) {
+    std::vector<Result<ObjectBuffer>> out;
+    out.reserve(ids.size());
+    if (options.size() != ids.size()) {
+      for (size_t k = 0; k < ids.size(); ++k) {
+        out.emplace_back(InvalidArgument("CreateMany needs one CreateOptions per id"));
+      }
+      return out;
+    }
+    for (size_t k = 0; k < ids.size(); ++k) out.emplace_back(Internal("create not sent"));
     std::unique_lock<std::mutex> lock(mu_);
+    for (size_t first = 0; first < ids.size(); first += kPipelineDepth) {
+      CreateGroup(lock, ids, options, capacity, first, std::min(ids.size(), first + kPipelineDepth),
+                  out);
+    }
+    return out;
+  }
+
+  Status CheckCreate(const ObjectId& id, const CreateOptions& o, int64_t capacity) const {
     RF_RETURN_IF_ERROR(CheckHealthy());
     RF_RETURN_IF_ERROR(CheckId(id, "Create"));
     RF_RETURN_IF_ERROR(CheckOwner(o.owner));
@@ -253,54 +284,105 @@ class PlasmaClient::Impl {
       return InvalidArgument("Create timeout_ms must be in [0, " + std::to_string(kMaxTimeoutMs) +
                              "], got " + std::to_string(o.timeout_ms));
     }
-    CreateRequestFields fields;
-    fields.object_id = id;
-    fields.owner_node_id = o.owner.node_id;
-    fields.owner_ip_address = o.owner.ip_address;
-    fields.owner_port = o.owner.port;
-    fields.owner_worker_id = o.owner.worker_id;
-    fields.data_size = o.data_size;
-    fields.metadata_size = o.metadata_size;
-    fields.source = ObjectSource::kReceivedFromRemoteRaylet;
-    fields.try_immediately = o.allow_disk_fallback;
-    const std::string what = "create of object " + Short(id) + " (" +
-                             std::to_string(o.data_size + o.metadata_size) +
-                             " bytes, store capacity " + std::to_string(capacity) + ")";
-    const auto give_up_at = Clock::now() + std::chrono::milliseconds(o.timeout_ms);
+    return Status::OK();
+  }
 
-    MessageType type = MessageType::kCreateRequest;
-    std::vector<uint8_t> request = EncodeCreateRequest(fields);
-    creating_.insert(id);
-    struct Done {
-      std::set<ObjectId>& set;
-      ObjectId id;
-      ~Done() { set.erase(id); }
-    } done{creating_, id};
+  static std::string CreateWhat(const ObjectId& id, const CreateOptions& o, int64_t capacity) {
+    return "create of object " + Short(id) + " (" + std::to_string(o.data_size + o.metadata_size) +
+           " bytes, store capacity " + std::to_string(capacity) + ")";
+  }
+
+  void CreateGroup(std::unique_lock<std::mutex>& lock, const std::vector<ObjectId>& ids,
+                   const std::vector<CreateOptions>& options, int64_t capacity, size_t first,
+                   size_t end, std::vector<Result<ObjectBuffer>>& out) {
+    std::vector<size_t> sent;
+    std::vector<uint8_t> message;
+    const auto started = Clock::now();
+    for (size_t k = first; k < end; ++k) {
+      Status ok = CheckCreate(ids[k], options[k], capacity);
+      if (!ok.ok()) {
+        out[k] = ok;
+        continue;
+      }
+      const CreateOptions& o = options[k];
+      CreateRequestFields fields;
+      fields.object_id = ids[k];
+      fields.owner_node_id = o.owner.node_id;
+      fields.owner_ip_address = o.owner.ip_address;
+      fields.owner_port = o.owner.port;
+      fields.owner_worker_id = o.owner.worker_id;
+      fields.data_size = o.data_size;
+      fields.metadata_size = o.metadata_size;
+      fields.source = ObjectSource::kReceivedFromRemoteRaylet;
+      fields.try_immediately = o.allow_disk_fallback;
+      AppendMessage(message, MessageType::kCreateRequest, EncodeCreateRequest(fields));
+      creating_.insert(ids[k]);  // also refuses the same id later in this batch
+      sent.push_back(k);
+    }
+    if (sent.empty()) return;
+    Status s = SendBytes(message, RequestDeadline());
+    std::vector<std::pair<size_t, uint64_t>> queued;  // (index, request id to retry with)
+    for (size_t k : sent) {
+      const ObjectId& id = ids[k];
+      const CreateOptions& o = options[k];
+      // Once the connection broke, the replies still due can no longer be read.
+      auto payload = s.ok() ? Receive(MessageType::kCreateReply, RequestDeadline())
+                            : Result<std::vector<uint8_t>>(s);
+      if (!payload.ok()) {
+        s = payload.status();
+        out[k] = s;
+        creating_.erase(id);
+        continue;
+      }
+      auto taken =
+          TakeCreateReply(id, *payload, o.data_size, o.metadata_size, CreateWhat(id, o, capacity));
+      if (taken.ok() && *taken) {
+        queued.emplace_back(k, **taken);
+        continue;
+      }
+      // The object, or the store's refusal (the connection stays usable unless it broke).
+      out[k] = taken.ok() ? MakeBuffer(id, last_created_) : Result<ObjectBuffer>(taken.status());
+      s = CheckHealthy();
+      creating_.erase(id);
+    }
+    // The store is making room for these: polled one after the other, as Create does alone.
+    for (const auto& [k, request_id] : queued) {
+      const CreateOptions& o = options[k];
+      out[k] = ContinueQueuedCreate(lock, ids[k], o, CreateWhat(ids[k], o, capacity), request_id,
+                                    started + std::chrono::milliseconds(o.timeout_ms));
+      creating_.erase(ids[k]);
+    }
+  }
+
+  // Polls (every kCreateRetryInterval, the lock released in between so that other requests on
+  // this connection go through) a create the store queued, until it is fulfilled, refused, or
+  // `give_up_at`.
+  Result<ObjectBuffer> ContinueQueuedCreate(std::unique_lock<std::mutex>& lock, const ObjectId& id,
+                                            const CreateOptions& o, const std::string& what,
+                                            uint64_t queued, Clock::time_point give_up_at) {
     while (true) {
-      RF_ASSIGN_OR_RETURN(std::vector<uint8_t> payload,
-                          Roundtrip(type, request, MessageType::kCreateReply, RequestDeadline()));
-      RF_ASSIGN_OR_RETURN(std::optional<uint64_t> queued,
-                          TakeCreateReply(id, payload, o.data_size, o.metadata_size, what));
-      if (!queued) return MakeBuffer(id, last_created_);
-      // The store queued the request (it is making room: eviction, spilling, fallback).
       if (Clock::now() + kCreateRetryInterval > give_up_at) {
         // The request cannot be withdrawn short of closing the connection, which would also
         // abort every other replica of this connection while its bytes may still be arriving.
         // It stays queued; ReapAbandonedCreates aborts the object once the store fulfils it.
-        abandoned_[id] = *queued;
+        abandoned_[id] = queued;
         return ResourceExhausted(
             what + ": object store full: the store found no room within " +
             std::to_string(o.timeout_ms) +
             " ms while evicting/spilling; retry later, free objects, or let Ray move it");
       }
-      // Other requests on this connection (Seal, Abort, Release of other replicas) go through
-      // while this one waits for room.
       lock.unlock();
       std::this_thread::sleep_for(kCreateRetryInterval);
       lock.lock();
       RF_RETURN_IF_ERROR(CheckHealthy());
-      type = MessageType::kCreateRetryRequest;
-      request = EncodeCreateRetryRequest(id, *queued);
+      RF_ASSIGN_OR_RETURN(
+          std::vector<uint8_t> payload,
+          Roundtrip(MessageType::kCreateRetryRequest, EncodeCreateRetryRequest(id, queued),
+                    MessageType::kCreateReply, RequestDeadline()));
+      RF_ASSIGN_OR_RETURN(std::optional<uint64_t> again,
+                          TakeCreateReply(id, payload, o.data_size, o.metadata_size, what));
+      if (!again) return MakeBuffer(id, last_created_);
+      queued = *again;
     }
   }
 
@@ -341,24 +423,93 @@ class PlasmaClient::Impl {
 
   Status Seal(const ObjectId& id) {
     std::lock_guard<std::mutex> lock(mu_);
-    RF_RETURN_IF_ERROR(CheckHealthy());
-    RF_RETURN_IF_ERROR(CheckId(id, "Seal"));
-    auto it = held_.find(id);
-    // The store CHECK-fails (raylet exits) on a Seal of a missing or sealed object.
-    if (it == held_.end() || !it->second.created_here || it->second.sealed) {
-      return InvalidArgument("Seal of object " + id.Hex() +
+    return SealGroup({id}, 0, 1, /*release=*/false).front();
+  }
+
+  // Seal of each object, then Release of those sealed, pipelined in groups as CreateMany is.
+  std::vector<Status> SealAndRelease(const std::vector<ObjectId>& ids) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<Status> out;
+    out.reserve(ids.size());
+    for (size_t first = 0; first < ids.size(); first += kPipelineDepth) {
+      std::vector<Status> group =
+          SealGroup(ids, first, std::min(ids.size(), first + kPipelineDepth), /*release=*/true);
+      out.insert(out.end(), group.begin(), group.end());
+    }
+    return out;
+  }
+
+  std::vector<Status> SealGroup(const std::vector<ObjectId>& ids, size_t first, size_t end,
+                                bool release) {
+    std::vector<Status> out(end - first, Status::OK());
+    std::vector<size_t> sent;
+    std::vector<uint8_t> message;
+    for (size_t k = first; k < end; ++k) {
+      const ObjectId& id = ids[k];
+      Status ok = CheckHealthy();
+      if (ok.ok()) ok = CheckId(id, "Seal");
+      auto it = held_.find(id);
+      // The store CHECK-fails (raylet exits) on a Seal of a missing or sealed object.
+      if (ok.ok() && (it == held_.end() || !it->second.created_here || it->second.sealed ||
+                      it->second.sealing)) {
+        ok = InvalidArgument("Seal of object " + id.Hex() +
                              ": only an object this client created and has not sealed or "
                              "aborted can be sealed");
+      }
+      if (!ok.ok()) {
+        out[k - first] = ok;
+        continue;
+      }
+      it->second.sealing = true;  // the same id twice in one batch is refused above
+      AppendMessage(message, MessageType::kSealRequest, EncodeSealRequest(id));
+      sent.push_back(k);
     }
-    RF_ASSIGN_OR_RETURN(std::vector<uint8_t> payload,
-                        Roundtrip(MessageType::kSealRequest, EncodeSealRequest(id),
-                                  MessageType::kSealReply, RequestDeadline()));
-    auto reply = DecodeSealReply(payload);
-    if (!reply.ok()) return Fail(reply.status());
-    if (reply->object_id != id.Binary()) return Fail(ProtocolError("SealReply for another object"));
-    RF_RETURN_IF_ERROR(PlasmaErrorToStatus(reply->error, "seal of object " + Short(id)));
-    it->second.sealed = true;
-    return Status::OK();
+    if (sent.empty()) return out;
+    Status s = SendBytes(message, RequestDeadline());
+    std::vector<uint8_t> releases;
+    for (size_t k : sent) {
+      const ObjectId& id = ids[k];
+      Held& held = held_[id];
+      held.sealing = false;
+      if (s.ok()) {
+        auto payload = Receive(MessageType::kSealReply, RequestDeadline());
+        if (!payload.ok()) s = payload.status();
+        if (s.ok()) {
+          auto reply = DecodeSealReply(*payload);
+          if (!reply.ok()) {
+            s = Fail(reply.status());
+          } else if (reply->object_id != id.Binary()) {
+            s = Fail(ProtocolError("SealReply for another object"));
+          }
+          if (s.ok()) {
+            Status sealed = PlasmaErrorToStatus(reply->error, "seal of object " + Short(id));
+            out[k - first] = sealed;
+            if (sealed.ok()) {
+              held.sealed = true;
+              if (release) ReleaseSealed(id, releases);
+            }
+            continue;
+          }
+        }
+      }
+      out[k - first] = s;  // no answer read for it: the connection is broken
+    }
+    if (!releases.empty()) (void)SendBytes(releases, RequestDeadline());
+    return out;
+  }
+
+  // Release of an object just sealed by SealGroup: a main-arena release is one-way and joins
+  // `batch` (sent after the seals' replies are read); a fallback one is answered, so it goes alone.
+  void ReleaseSealed(const ObjectId& id, std::vector<uint8_t>& batch) {
+    auto it = held_.find(id);
+    if (--it->second.local_refs > 0) return;  // the store counts one pin per client
+    const Held held = it->second;
+    held_.erase(it);
+    if (!held.fallback) {
+      AppendMessage(batch, MessageType::kReleaseRequest, EncodeReleaseRequest(id, false));
+      return;
+    }
+    (void)ReleaseFallback(id, held.segment);
   }
 
   Status Abort(const ObjectId& id) {
@@ -412,6 +563,10 @@ class PlasmaClient::Impl {
     if (!may_unmap) {
       return Send(MessageType::kReleaseRequest, EncodeReleaseRequest(id, false), RequestDeadline());
     }
+    return ReleaseFallback(id, held.segment);
+  }
+
+  Status ReleaseFallback(const ObjectId& id, const SegmentKey& segment) {
     RF_ASSIGN_OR_RETURN(std::vector<uint8_t> payload,
                         Roundtrip(MessageType::kReleaseRequest, EncodeReleaseRequest(id, true),
                                   MessageType::kReleaseReply, RequestDeadline()));
@@ -420,7 +575,7 @@ class PlasmaClient::Impl {
     if (reply->object_id != id.Binary()) {
       return Fail(ProtocolError("ReleaseReply for another object"));
     }
-    DropFallbackUser(held.segment, reply->should_unmap);
+    DropFallbackUser(segment, reply->should_unmap);
     return PlasmaErrorToStatus(reply->error, "release of object " + Short(id));
   }
 
@@ -471,6 +626,7 @@ class PlasmaClient::Impl {
     int local_refs = 0;  // our Gets/Creates; the store holds one pin until this reaches 0
     SegmentKey segment;
     bool fallback = false;
+    bool sealing = false;  // its Seal is in a batch whose reply is not read yet
   };
 
   // Reads one CreateReply for `id`: nullopt when the object was created (then held_ knows it and
@@ -559,14 +715,24 @@ class PlasmaClient::Impl {
     return status;
   }
 
-  Status Send(MessageType type, const std::vector<uint8_t>& payload, Clock::time_point deadline) {
+  void AppendMessage(std::vector<uint8_t>& out, MessageType type,
+                     const std::vector<uint8_t>& payload) const {
     MessageHeader header{options_.cookie, static_cast<int64_t>(type), payload.size()};
     auto bytes = EncodeHeader(header);
-    std::vector<uint8_t> message(bytes.begin(), bytes.end());
-    message.insert(message.end(), payload.begin(), payload.end());
+    out.insert(out.end(), bytes.begin(), bytes.end());
+    out.insert(out.end(), payload.begin(), payload.end());
+  }
+
+  Status SendBytes(const std::vector<uint8_t>& message, Clock::time_point deadline) {
     Status s = stream_.SendAll(message.data(), message.size(), deadline);
     if (!s.ok()) return Fail(s);
     return Status::OK();
+  }
+
+  Status Send(MessageType type, const std::vector<uint8_t>& payload, Clock::time_point deadline) {
+    std::vector<uint8_t> message;
+    AppendMessage(message, type, payload);
+    return SendBytes(message, deadline);
   }
 
   Result<std::vector<uint8_t>> Receive(MessageType expected, Clock::time_point deadline) {
@@ -762,7 +928,15 @@ Result<ObjectBuffer> PlasmaClient::Create(const ObjectId& id, const CreateOption
   return impl_->Create(id, options, memory_capacity_);
 }
 
+std::vector<Result<ObjectBuffer>> PlasmaClient::CreateMany(
+    const std::vector<ObjectId>& ids, const std::vector<CreateOptions>& options) {
+  return impl_->CreateMany(ids, options, memory_capacity_);
+}
+
 Status PlasmaClient::Seal(const ObjectId& id) { return impl_->Seal(id); }
+std::vector<Status> PlasmaClient::SealAndRelease(const std::vector<ObjectId>& ids) {
+  return impl_->SealAndRelease(ids);
+}
 Status PlasmaClient::Abort(const ObjectId& id) { return impl_->Abort(id); }
 Status PlasmaClient::Release(const ObjectId& id) { return impl_->Release(id); }
 Result<bool> PlasmaClient::Contains(const ObjectId& id) { return impl_->Contains(id); }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -276,6 +277,121 @@ TEST(PlasmaClientTest, SegmentFdIsReceivedAndMappedOnce) {
   ::munmap(arena, kArena);
   ::close(memfd);
   EXPECT_TRUE((*c)->healthy());
+}
+
+// CreateMany and SealAndRelease write a batch of requests before reading the replies: each id
+// still gets exactly its own answer, in order, and what Create/Seal alone would refuse never
+// reaches the store (a duplicate in the batch included).
+TEST(PlasmaClientTest, PipelinedCreateAndSealAnswerEachIdInOrder) {
+  constexpr int64_t kArena = 1 << 20;
+  int memfd = ::memfd_create("rf_fake_arena", 0);
+  ASSERT_GE(memfd, 0);
+  ASSERT_EQ(::ftruncate(memfd, kArena), 0);
+  const ObjectId taken_by_ray = TestId(3);
+  uint64_t next_offset = 4096;
+  bool fd_sent = false;
+  std::vector<std::string> sealed_ids;
+  FakeStore store([&](FakeStore& s, int64_t type, const std::vector<uint8_t>& payload) {
+    switch (static_cast<MessageType>(type)) {
+      case MessageType::kConnectRequest:
+        s.ReplyConnect(kArena);
+        break;
+      case MessageType::kCreateRequest: {
+        auto* req = flatbuffers::GetRoot<wire::CreateRequest>(payload.data());
+        flatbuffers::FlatBufferBuilder fbb;
+        auto id = fbb.CreateString(req->object_id()->str());
+        if (req->object_id()->str() == taken_by_ray.Binary()) {
+          wire::CreateReplyBuilder b(fbb);
+          b.add_object_id(id);
+          b.add_error(static_cast<int>(PlasmaError::kObjectExists));
+          fbb.Finish(b.Finish());
+          s.Reply(MessageType::kCreateReply, fbb);
+          break;
+        }
+        wire::ObjectSpec spec(42, 7, next_offset - 64, next_offset, req->data_size(),
+                              next_offset + req->data_size(), req->metadata_size(),
+                              req->data_size() + req->metadata_size(), false, 0, false);
+        next_offset += 8192;
+        wire::CreateReplyBuilder b(fbb);
+        b.add_object_id(id);
+        b.add_plasma_object(&spec);
+        b.add_store_fd(42);
+        b.add_unique_fd_id(7);
+        b.add_mmap_size(kArena + 8);
+        fbb.Finish(b.Finish());
+        s.Reply(MessageType::kCreateReply, fbb);
+        if (!fd_sent) s.SendFd(memfd);
+        fd_sent = true;
+        break;
+      }
+      case MessageType::kSealRequest: {
+        auto* req = flatbuffers::GetRoot<wire::SealRequest>(payload.data());
+        sealed_ids.push_back(req->object_id()->str());
+        flatbuffers::FlatBufferBuilder fbb;
+        fbb.Finish(wire::CreateSealReply(fbb, fbb.CreateString(req->object_id()->str()), 0));
+        s.Reply(MessageType::kSealReply, fbb);
+        break;
+      }
+      default:
+        break;  // ReleaseRequest(may_unmap=false) has no reply
+    }
+  });
+  auto c = PlasmaClient::Connect(store.path());
+  ASSERT_TRUE(c.ok()) << c.status();
+  PlasmaClient& client = **c;
+  CreateOptions o;
+  o.owner = TestOwner();
+  o.data_size = 100;
+  CreateOptions empty = o;
+  empty.data_size = 0;
+  // 1, 2, 3 (Ray has it), 1 again, an empty one, 4.
+  const std::vector<ObjectId> ids{TestId(1), TestId(2), taken_by_ray,
+                                  TestId(1), TestId(5), TestId(4)};
+  auto created = client.CreateMany(ids, {o, o, o, o, empty, o});
+  ASSERT_EQ(created.size(), ids.size());
+  EXPECT_TRUE(created[0].ok()) << created[0].status();
+  EXPECT_TRUE(created[1].ok()) << created[1].status();
+  EXPECT_EQ(created[2].status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(created[3].status().code(), StatusCode::kAlreadyExists);  // twice in the batch
+  EXPECT_EQ(created[4].status().code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(created[5].ok()) << created[5].status();
+  EXPECT_EQ(created[0]->data + 8192, created[1]->data);  // each reply went to its own id
+  EXPECT_EQ(created[1]->data + 8192, created[5]->data);
+  EXPECT_EQ(client.CreateMany({TestId(6)}, {}).front().status().code(),
+            StatusCode::kInvalidArgument);  // options do not match the ids
+  std::memset(created[5]->data, 4, 100);
+
+  // 1, 4, 1 again, 3 (never created here), 2.
+  auto sealed = client.SealAndRelease({TestId(1), TestId(4), TestId(1), taken_by_ray, TestId(2)});
+  ASSERT_EQ(sealed.size(), 5u);
+  EXPECT_TRUE(sealed[0].ok()) << sealed[0];
+  EXPECT_TRUE(sealed[1].ok()) << sealed[1];
+  EXPECT_EQ(sealed[2].code(), StatusCode::kInvalidArgument);  // twice in the batch
+  EXPECT_EQ(sealed[3].code(), StatusCode::kInvalidArgument);  // the store would CHECK-fail
+  EXPECT_TRUE(sealed[4].ok()) << sealed[4];
+  EXPECT_EQ(sealed_ids,
+            (std::vector<std::string>{TestId(1).Binary(), TestId(4).Binary(), TestId(2).Binary()}));
+  // Released too: no longer held by this client.
+  EXPECT_EQ(client.Release(TestId(4)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(client.Seal(TestId(4)).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(client.healthy());
+  // What reached the store: Connect, 4 creates (not the duplicate nor the empty one), 3 seals,
+  // then their 3 one-way releases. Wait for the releases to arrive.
+  constexpr auto kCreate = static_cast<int64_t>(MessageType::kCreateRequest);
+  constexpr auto kSeal = static_cast<int64_t>(MessageType::kSealRequest);
+  constexpr auto kRelease = static_cast<int64_t>(MessageType::kReleaseRequest);
+  std::vector<int64_t> expected{static_cast<int64_t>(MessageType::kConnectRequest)};
+  expected.insert(expected.end(), {kCreate, kCreate, kCreate, kCreate, kSeal, kSeal, kSeal,
+                                   kRelease, kRelease, kRelease});
+  for (int i = 0; i < 200 && store.received().size() < expected.size(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(store.received(), expected);
+  auto* arena = static_cast<uint8_t*>(::mmap(nullptr, kArena, PROT_READ, MAP_SHARED, memfd, 0));
+  ASSERT_NE(arena, MAP_FAILED);
+  EXPECT_EQ(arena[4096 + 2 * 8192 + 99], 4);
+  ::munmap(arena, kArena);
+  ::close(memfd);
 }
 
 }  // namespace
