@@ -166,6 +166,12 @@ def _per_owner(get_object_locations):
     return per_owner
 
 
+# The agent's steps of a Pull (PullPhases in agent.proto), and every phase the consumer records.
+AGENT_STEPS = ("lease", "create", "prepare", "post", "wait", "seal", "total")
+PHASE_KEYS = ("wait", "locations", "pull_rpc", "local_get", "agent_object_max_s", "agent_object_sum_s") + tuple(
+    "agent_" + step for step in AGENT_STEPS)
+
+
 def _instrument():
     """Times the steps of rayfabric.get in this (consumer) process: wait for the objects to exist,
     ask Ray for their locations, the Pull RPC to the local agent, the final local ray.get."""
@@ -183,6 +189,10 @@ def _instrument():
                     secs = [r.seconds for r in out.results if r.seconds > 0]
                     _PHASES["agent_object_max_s"] = max(secs) if secs else 0.0
                     _PHASES["agent_object_sum_s"] = sum(secs)
+                    # The agent's own steps (seconds, summed over its sources; older agents: 0).
+                    for step in AGENT_STEPS:
+                        _PHASES["agent_" + step] = _PHASES.get("agent_" + step, 0.0) + getattr(
+                            out.phases, step + "_s", 0.0)
                 return out
             finally:
                 _PHASES[name] = _PHASES.get(name, 0.0) + time.perf_counter() - t0
@@ -222,7 +232,7 @@ class Consumer:
     def fetch(self, refs, path, verify, timeout=600):
         import rayfabric as rf
         phases = self.phases
-        for k in ("wait", "locations", "pull_rpc", "local_get", "agent_object_max_s", "agent_object_sum_s"):
+        for k in PHASE_KEYS:
             phases[k] = 0.0
         before = rf.stats()
         wall0 = time.time()
@@ -238,8 +248,7 @@ class Consumer:
         del values
         reasons = {k: n - before["fallback_reasons"].get(k, 0) for k, n in after["fallback_reasons"].items()
                    if n != before["fallback_reasons"].get(k, 0)}
-        phases = {k: phases[k] for k in ("wait", "locations", "pull_rpc", "local_get", "agent_object_max_s",
-                                          "agent_object_sum_s")} if path == "rayfabric" else {}
+        phases = {k: phases[k] for k in PHASE_KEYS} if path == "rayfabric" else {}
         return {"seconds": seconds, "start": wall0, "end": wall1, "nbytes": nbytes, "digests": digests,
                 "pulled": after["objects_pulled"] - before["objects_pulled"],
                 "fabric_bytes": after["bytes_pulled"] - before["bytes_pulled"],
@@ -712,7 +721,28 @@ def format_table(rows, ceilings):
                 f"{ray_r.get('cpu_s_per_gb', {}).get('dst', 0):5.2f}/{rf['cpu_s_per_gb']['dst']:.2f} "
                 f"{ceil:>5s} {frac:>7s} {'yes' if row['bytes_ok'] else 'NO'}")
         out.append("")
+    out += format_breakdown(rows)
     return "\n".join(out)
+
+
+def format_breakdown(rows):
+    """Where a rayfabric.get's time goes (ms per get, mean over repetitions): the consumer's steps,
+    and inside the Pull RPC the agent's (summed over sources; the rest of the RPC is gRPC and
+    the agent's bookkeeping)."""
+    with_phases = [r for r in rows if r["rayfabric"].get("phases_ms")]
+    if not with_phases:
+        return []
+    cols = ["wait", "locations", "pull_rpc"] + ["agent_" + s for s in AGENT_STEPS] + ["local_get", "python_other"]
+    names = ["wait", "locate", "Pull"] + list(AGENT_STEPS[:-1]) + ["agent", "ray.get", "other"]
+    out = ["where rayfabric.get's time goes, ms per get (Pull = the RPC to the local agent; lease..seal = "
+           "the agent's steps inside it, agent = its wall time for the Pull)",
+           f"{'case':7s} {'object':26s} " + " ".join(f"{n:>8s}" for n in names)]
+    for row in with_phases:
+        ph = row["rayfabric"]["phases_ms"]
+        out.append(f"{row['case']:7s} {object_label(row):26s} " +
+                   " ".join(f"{ph[c]:8.1f}" if c in ph else f"{'-':>8s}" for c in cols))
+    out.append("")
+    return out
 
 
 def _size_axis(ax, sizes):

@@ -24,6 +24,9 @@ using Clock = std::chrono::steady_clock;
 // fill the local store with unsealed replicas before any of them is sealed.
 constexpr size_t kWaveObjects = 512;
 constexpr uint64_t kWaveBytes = 1ULL << 30;
+// Replicas created (and later sealed) with one store round trip: the reads of one group start
+// while the next group is created.
+constexpr size_t kCreateGroup = 64;
 constexpr auto kRpcTimeout = std::chrono::seconds(10);
 constexpr auto kReleaseDrain = std::chrono::seconds(2);
 // Objects pinned by one plasma Get when leasing.
@@ -48,6 +51,8 @@ void SetError(v1::PullResult& r, const Status& s) {
 constexpr auto kLeaseMargin = std::chrono::seconds(2);
 // How often a pull looks whether its caller went away.
 constexpr auto kCancelPoll = std::chrono::milliseconds(100);
+// How often a Pull asks whether its caller went away, at most (PullBounds::Cancelled).
+constexpr auto kCancelCheckEvery = std::chrono::milliseconds(5);
 // Early-answered Pulls (answer_when_claimed) reading in the background at once, at most.
 constexpr int kMaxBackgroundPulls = 64;
 // An early answer leaves the caller's deadline this much time to travel.
@@ -908,6 +913,7 @@ v1::PullReply Agent::Pull(const v1::PullRequest& request, Clock::time_point call
 
 v1::PullReply Agent::RunPull(const v1::PullRequest& request, Clock::time_point caller_deadline,
                              std::function<bool()> cancelled, ClaimWatch* claims) {
+  const Clock::time_point began = Clock::now();
   v1::PullReply reply;
   // The best fabric; each result says which one its read used.
   reply.set_provider(fabrics_.front().provider());
@@ -944,7 +950,10 @@ v1::PullReply Agent::RunPull(const v1::PullRequest& request, Clock::time_point c
     // AlreadyExists for what is (one store round trip per object saved).
     pending.push_back(&job);
   }
-  PullOnce(std::move(pending), PullBounds{deadline, std::move(cancelled), claims});
+  PullPhaseTimes phases;
+  PullOnce(std::move(pending), PullBounds{deadline, std::move(cancelled), claims, &phases});
+  phases.Into(*reply.mutable_phases());
+  reply.mutable_phases()->set_total_s(std::chrono::duration<double>(Clock::now() - began).count());
   if (claims != nullptr) {
     std::vector<PullJob*> all;
     for (PullJob& job : jobs) all.push_back(&job);
@@ -959,6 +968,38 @@ v1::PullReply Agent::RunPull(const v1::PullRequest& request, Clock::time_point c
     }
   }
   return reply;
+}
+
+bool Agent::PullBounds::Cancelled() const {
+  if (!cancelled) return false;
+  if (seen_cancelled.load(std::memory_order_relaxed)) return true;
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  int64_t due = next_check_ns.load(std::memory_order_relaxed);
+  if (now < due || !next_check_ns.compare_exchange_strong(
+                       due, now + std::chrono::nanoseconds(kCancelCheckEvery).count())) {
+    return false;  // asked lately (or by another thread just now)
+  }
+  if (!cancelled()) return false;
+  seen_cancelled = true;
+  return true;
+}
+
+Clock::time_point Agent::PullPhaseTimes::Lap(std::atomic<int64_t>& step, Clock::time_point since) {
+  const Clock::time_point now = Clock::now();
+  step += std::chrono::duration_cast<std::chrono::nanoseconds>(now - since).count();
+  return now;
+}
+
+void Agent::PullPhaseTimes::Into(v1::PullPhases& out) const {
+  constexpr double kNs = 1e-9;
+  out.set_lease_s(static_cast<double>(lease.load()) * kNs);
+  out.set_create_s(static_cast<double>(create.load()) * kNs);
+  out.set_prepare_s(static_cast<double>(prepare.load()) * kNs);
+  out.set_post_s(static_cast<double>(post.load()) * kNs);
+  out.set_wait_s(static_cast<double>(wait.load()) * kNs);
+  out.set_seal_s(static_cast<double>(seal.load()) * kNs);
+  out.set_waves(waves.load());
 }
 
 bool Agent::AnsweredLocal(PullJob& job, plasma::PlasmaClient& store) {
@@ -1120,6 +1161,9 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
       [&](std::function<void(grpc::Status)> done) {
         stub->async()->LeaseObjects(&lease_ctx, &lease_request, &lease_reply, std::move(done));
       });
+  PullPhaseTimes scratch;  // a Pull without a caller that reads them
+  PullPhaseTimes& phases = bounds.phases != nullptr ? *bounds.phases : scratch;
+  PullPhaseTimes::Lap(phases.lease, asked_at);
   Status leased_status =
       rpc.ok() ? Status::OK() : FromGrpc(rpc, "leasing from the agent at " + source);
   if (leased_status.ok() && lease_reply.leases_size() != static_cast<int>(jobs.size())) {
@@ -1239,139 +1283,43 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
   for (PullJob* job : jobs) job->result->set_provider(lease_reply.provider());
   Settle(bounds, jobs);  // the refused ones
 
-  // 2. In waves: create the replica, start its read; then wait, seal or abort.
+  // 2. In waves: create the replicas and start their reads, a group at a time (the next group's
+  //    creates overlap this group's reads); then wait for each read, sealing in groups.
+  const SourceReads reads{source, fab, peer, rail_peers, store, bounds, phases};
   size_t next = 0;
   while (next < jobs.size()) {
     std::vector<PullJob*> wave;
     uint64_t wave_bytes = 0;
-    for (; next < jobs.size() && wave.size() < kWaveObjects && wave_bytes < kWaveBytes; ++next) {
-      PullJob& job = *jobs[next];
-      if (!job.leased || job.result->outcome() == v1::FAILED) continue;
-      if (bounds.Cancelled()) {
-        SetError(*job.result, Aborted("the caller cancelled the pull"));
-        continue;
-      }
-      // A read is not started close to its lease's end (the seal would be refused anyway if it
-      // finished after it): within 2 s, or a quarter of a shorter lease.
-      const auto margin = std::min<Clock::duration>(
-          kLeaseMargin, std::chrono::milliseconds(job.lease.expires_in_ms()) / 4);
-      if (Clock::now() + margin > job.lease_expires) {
-        ++pulls_lease_expired_;
-        SetError(*job.result, TimedOut("the lease on object " + job.id.Hex() + " from " + source +
-                                       " is about to expire: not read"));
-        continue;
-      }
-      const uint64_t bytes = job.lease.data_size() + job.lease.metadata_size();
-      plasma::CreateOptions create;
-      create.owner.node_id = job.item->owner().node_id();
-      create.owner.ip_address = job.item->owner().ip_address();
-      create.owner.port = job.item->owner().port();
-      create.owner.worker_id = job.item->owner().worker_id();
-      create.data_size = job.lease.data_size();
-      create.metadata_size = job.lease.metadata_size();
-      create.timeout_ms = std::min<int64_t>(
-          create_timeout_ms_,
-          std::max<int64_t>(
-              1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now())
-                     .count()));
-      job.started = Clock::now();
-      auto replica = store->Create(job.id, create);
-      if (!replica.ok()) {
-        if (replica.status().code() == StatusCode::kAlreadyExists) {
-          // Sealed here already, or Ray (or another pull) is creating it: leave it to them.
-          if (!AnsweredLocal(job, *store)) {
-            job.result->set_outcome(v1::STOOD_ASIDE);
-            ++pulls_stood_aside_;
-          }
-        } else {
-          SetError(*job.result, replica.status().WithContext("creating the local replica"));
+    while (next < jobs.size() && wave.size() < kWaveObjects && wave_bytes < kWaveBytes) {
+      std::vector<PullJob*> group;
+      uint64_t group_bytes = 0;
+      for (; next < jobs.size() && group.size() < kCreateGroup &&
+             wave.size() + group.size() < kWaveObjects && wave_bytes + group_bytes < kWaveBytes;
+           ++next) {
+        PullJob& job = *jobs[next];
+        if (!job.leased || job.result->outcome() == v1::FAILED) continue;
+        if (bounds.Cancelled()) {
+          SetError(*job.result, Aborted("the caller cancelled the pull"));
+          continue;
         }
-        continue;
-      }
-      job.created = true;
-      job.replica = *replica;
-      // One local registration per rail the read stripes across (the replica's segment on each).
-      const size_t rails = fabric::RailsFor(bytes, 1 + job.rail_remote.size(), stripe_min_);
-      std::vector<fabric::RegisteredRange> local(rails);
-      Status s;
-      for (size_t k = 0; k < rails && s.ok(); ++k) {
-        auto region = RegionFor(*fab, k, job.replica.segment_base, job.replica.segment_size);
-        s = region.status();
-        if (region.ok()) local[k] = std::move(*region);
-      }
-      if (s.ok()) {
-        // The replica's pages may be new to this process's mapping of the store: map them in one
-        // call rather than take a fault per page while the provider writes into them.
-        Status populated = PopulateForWrite(job.replica.data, bytes);
-        if (!populated.ok() && !populate_warned_.exchange(true)) {
-          RF_LOG(kInfo, "replicas are not populated before reads: " << populated.message());
+        // A read is not started close to its lease's end (the seal would be refused anyway if
+        // it finished after it): within 2 s, or a quarter of a shorter lease.
+        const auto margin = std::min<Clock::duration>(
+            kLeaseMargin, std::chrono::milliseconds(job.lease.expires_in_ms()) / 4);
+        if (Clock::now() + margin > job.lease_expires) {
+          ++pulls_lease_expired_;
+          SetError(*job.result, TimedOut("the lease on object " + job.id.Hex() + " from " + source +
+                                         " is about to expire: not read"));
+          continue;
         }
-        std::vector<fabric::Rail> stripes(rails);
-        for (size_t k = 0; k < rails; ++k) {
-          stripes[k] = {fab->rails[k].get(), k == 0 ? peer : rail_peers[k - 1],
-                        k == 0 ? &job.remote : &job.rail_remote[k - 1], &local[k]};
-        }
-        auto started = fabric::StartStriped(fabric::RmaOp::kRead, stripes, job.replica.data, bytes,
-                                            stripe_min_);
-        job.rails_used = rails;
-        s = started.status();
-        if (started.ok()) job.transfer = *started;
-        job.fabric_failed = !started.ok();  // not a local registration: the fabric refused it
+        group.push_back(&job);
+        group_bytes += job.lease.data_size() + job.lease.metadata_size();
       }
-      if (!s.ok()) {
-        // Nothing was posted: the replica can go at once.
-        SetError(*job.result,
-                 s.WithContext("fi_read of object " + job.id.Hex() + " from " + source));
-        (void)store->Abort(job.id);
-        job.created = false;
-        continue;
-      }
-      wave.push_back(&job);
-      wave_bytes += bytes;
+      StartReads(reads, group, wave, wave_bytes);
     }
     Settle(bounds, jobs);  // this wave's replicas are created: claimed
-    for (PullJob* job : wave) {
-      // In steps, so that a caller that went away is noticed (its reads are then cut off).
-      Status s;
-      for (;;) {
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-        s = job->transfer.Wait(
-            std::clamp(left, std::chrono::milliseconds(1),
-                       std::chrono::duration_cast<std::chrono::milliseconds>(kCancelPoll)));
-        if (job->transfer.Done() || Clock::now() >= deadline) break;
-        if (bounds.Cancelled()) {
-          s = Aborted("the caller cancelled the pull");
-          break;
-        }
-      }
-      // Failed by itself (an error, or no progress for op_timeout_ms), not cut short by us.
-      job->fabric_failed = !s.ok() && job->transfer.Done();
-      if (s.ok() && Clock::now() >= job->lease_expires) {
-        // The read finished, but maybe after the source unpinned the object: its bytes may be
-        // another object's. Never seal them.
-        ++pulls_lease_expired_;
-        s = TimedOut("the read of object " + job->id.Hex() + " from " + source +
-                     " finished after its lease expired: not sealed");
-      }
-      if (s.ok()) s = store->Seal(job->id);
-      if (s.ok()) {
-        (void)store->Release(job->id);
-        const uint64_t bytes = job->lease.data_size() + job->lease.metadata_size();
-        job->result->set_outcome(v1::PULLED);
-        job->result->set_bytes(bytes);
-        job->result->set_seconds(
-            std::chrono::duration<double>(Clock::now() - job->started).count());
-        ++objects_pulled_;
-        bytes_pulled_ += bytes;
-        job->created = false;
-      } else {
-        // Never seal bytes we did not get, and never let a late byte of this read land in
-        // memory the store hands out again.
-        SetError(*job->result,
-                 s.WithContext("fi_read of object " + job->id.Hex() + " from " + source));
-        EndFailedReplica(*job, store);
-      }
-    }
+    ++phases.waves;
+    FinishReads(reads, wave);
   }
 
   RecordLink(source, lease_reply, fab, jobs);
@@ -1426,6 +1374,161 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
   RF_LOG(kInfo, again.size() << " object(s) from " << source << " failed over " << fab->provider()
                              << ": trying the next provider both nodes have");
   PullFromSource(source, again, bounds, std::move(excluded));
+}
+
+void Agent::StartReads(const SourceReads& reads, const std::vector<PullJob*>& group,
+                       std::vector<PullJob*>& wave, uint64_t& wave_bytes) {
+  if (group.empty()) return;
+  Fabric& fab = *reads.fab;
+  std::vector<ObjectId> ids;
+  std::vector<plasma::CreateOptions> creates;
+  const auto left_ms = std::max<int64_t>(
+      1, std::chrono::duration_cast<std::chrono::milliseconds>(reads.bounds.deadline - Clock::now())
+             .count());
+  for (PullJob* job : group) {
+    plasma::CreateOptions create;
+    create.owner.node_id = job->item->owner().node_id();
+    create.owner.ip_address = job->item->owner().ip_address();
+    create.owner.port = job->item->owner().port();
+    create.owner.worker_id = job->item->owner().worker_id();
+    create.data_size = job->lease.data_size();
+    create.metadata_size = job->lease.metadata_size();
+    create.timeout_ms = std::min<int64_t>(create_timeout_ms_, left_ms);
+    ids.push_back(job->id);
+    creates.push_back(create);
+  }
+  const Clock::time_point created_from = Clock::now();
+  std::vector<Result<plasma::ObjectBuffer>> replicas = reads.store->CreateMany(ids, creates);
+  Clock::time_point step = PullPhaseTimes::Lap(reads.phases.create, created_from);
+  for (size_t i = 0; i < group.size(); ++i) {
+    PullJob& job = *group[i];
+    job.started = created_from;
+    Result<plasma::ObjectBuffer>& replica = replicas[i];
+    if (!replica.ok()) {
+      if (replica.status().code() == StatusCode::kAlreadyExists) {
+        // Sealed here already, or Ray (or another pull) is creating it: leave it to them.
+        if (!AnsweredLocal(job, *reads.store)) {
+          job.result->set_outcome(v1::STOOD_ASIDE);
+          ++pulls_stood_aside_;
+        }
+      } else {
+        SetError(*job.result, replica.status().WithContext("creating the local replica"));
+      }
+      continue;
+    }
+    job.created = true;
+    job.replica = *replica;
+    const uint64_t bytes = job.lease.data_size() + job.lease.metadata_size();
+    // One local registration per rail the read stripes across (the replica's segment on each).
+    const size_t rails = fabric::RailsFor(bytes, 1 + job.rail_remote.size(), stripe_min_);
+    std::vector<fabric::RegisteredRange> local(rails);
+    Status s;
+    for (size_t k = 0; k < rails && s.ok(); ++k) {
+      auto region = RegionFor(fab, k, job.replica.segment_base, job.replica.segment_size);
+      s = region.status();
+      if (region.ok()) local[k] = std::move(*region);
+    }
+    if (s.ok()) {
+      // The replica's pages may be new to this process's mapping of the store: map them in one
+      // call rather than take a fault per page while the provider writes into them.
+      Status populated = PopulateForWrite(job.replica.data, bytes);
+      if (!populated.ok() && !populate_warned_.exchange(true)) {
+        RF_LOG(kInfo, "replicas are not populated before reads: " << populated.message());
+      }
+      step = PullPhaseTimes::Lap(reads.phases.prepare, step);
+      std::vector<fabric::Rail> stripes(rails);
+      for (size_t k = 0; k < rails; ++k) {
+        stripes[k] = {fab.rails[k].get(), k == 0 ? reads.peer : reads.rail_peers[k - 1],
+                      k == 0 ? &job.remote : &job.rail_remote[k - 1], &local[k]};
+      }
+      auto started =
+          fabric::StartStriped(fabric::RmaOp::kRead, stripes, job.replica.data, bytes, stripe_min_);
+      step = PullPhaseTimes::Lap(reads.phases.post, step);
+      job.rails_used = rails;
+      s = started.status();
+      if (started.ok()) job.transfer = *started;
+      job.fabric_failed = !started.ok();  // not a local registration: the fabric refused it
+    }
+    if (!s.ok()) {
+      // Nothing was posted: the replica can go at once.
+      SetError(*job.result,
+               s.WithContext("fi_read of object " + job.id.Hex() + " from " + reads.source));
+      (void)reads.store->Abort(job.id);
+      job.created = false;
+      continue;
+    }
+    wave.push_back(&job);
+    wave_bytes += bytes;
+  }
+}
+
+void Agent::FinishReads(const SourceReads& reads, const std::vector<PullJob*>& wave) {
+  std::vector<PullJob*> done;  // read in full within their leases: sealed together
+  auto seal = [&] {
+    if (done.empty()) return;
+    const Clock::time_point sealed_from = Clock::now();
+    std::vector<ObjectId> ids;
+    for (PullJob* job : done) ids.push_back(job->id);
+    std::vector<Status> sealed = reads.store->SealAndRelease(ids);
+    PullPhaseTimes::Lap(reads.phases.seal, sealed_from);
+    for (size_t i = 0; i < done.size(); ++i) {
+      PullJob& job = *done[i];
+      if (sealed[i].ok()) {
+        const uint64_t bytes = job.lease.data_size() + job.lease.metadata_size();
+        job.result->set_outcome(v1::PULLED);
+        job.result->set_bytes(bytes);
+        job.result->set_seconds(std::chrono::duration<double>(Clock::now() - job.started).count());
+        ++objects_pulled_;
+        bytes_pulled_ += bytes;
+        job.created = false;
+      } else {
+        SetError(*job.result, sealed[i].WithContext("fi_read of object " + job.id.Hex() + " from " +
+                                                    reads.source));
+        EndFailedReplica(job, reads.store);
+      }
+    }
+    done.clear();
+  };
+  for (PullJob* job : wave) {
+    // What finished is sealed before waiting on a read still under way (Ray's gets of those
+    // objects need not wait for the rest), and in groups (one store round trip per group).
+    if (done.size() >= kCreateGroup || (!done.empty() && !job->transfer.Done())) seal();
+    const Clock::time_point waited_from = Clock::now();
+    // In steps, so that a caller that went away is noticed (its reads are then cut off).
+    Status s;
+    for (;;) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(reads.bounds.deadline -
+                                                                        Clock::now());
+      s = job->transfer.Wait(
+          std::clamp(left, std::chrono::milliseconds(1),
+                     std::chrono::duration_cast<std::chrono::milliseconds>(kCancelPoll)));
+      if (job->transfer.Done() || Clock::now() >= reads.bounds.deadline) break;
+      if (reads.bounds.Cancelled()) {
+        s = Aborted("the caller cancelled the pull");
+        break;
+      }
+    }
+    PullPhaseTimes::Lap(reads.phases.wait, waited_from);
+    // Failed by itself (an error, or no progress for op_timeout_ms), not cut short by us.
+    job->fabric_failed = !s.ok() && job->transfer.Done();
+    if (s.ok() && Clock::now() >= job->lease_expires) {
+      // The read finished, but maybe after the source unpinned the object: its bytes may be
+      // another object's. Never seal them.
+      ++pulls_lease_expired_;
+      s = TimedOut("the read of object " + job->id.Hex() + " from " + reads.source +
+                   " finished after its lease expired: not sealed");
+    }
+    if (s.ok()) {
+      done.push_back(job);
+      continue;
+    }
+    // Never seal bytes we did not get, and never let a late byte of this read land in memory
+    // the store hands out again.
+    SetError(*job->result,
+             s.WithContext("fi_read of object " + job->id.Hex() + " from " + reads.source));
+    EndFailedReplica(*job, reads.store);
+  }
+  seal();
 }
 
 void Agent::QueueRelease(const std::string& source, v1::ReleaseRequest request) {
