@@ -1302,11 +1302,7 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
           SetError(*job.result, Aborted("the caller cancelled the pull"));
           continue;
         }
-        // A read is not started close to its lease's end (the seal would be refused anyway if
-        // it finished after it): within 2 s, or a quarter of a shorter lease.
-        const auto margin = std::min<Clock::duration>(
-            kLeaseMargin, std::chrono::milliseconds(job.lease.expires_in_ms()) / 4);
-        if (Clock::now() + margin > job.lease_expires) {
+        if (LeaseEndsSoon(job)) {
           ++pulls_lease_expired_;
           SetError(*job.result, TimedOut("the lease on object " + job.id.Hex() + " from " + source +
                                          " is about to expire: not read"));
@@ -1376,6 +1372,14 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
   PullFromSource(source, again, bounds, std::move(excluded));
 }
 
+bool Agent::LeaseEndsSoon(const PullJob& job) {
+  // A read is not started close to its lease's end (the seal would be refused anyway if it
+  // finished after it): within 2 s, or a quarter of a shorter lease.
+  const auto margin = std::min<Clock::duration>(
+      kLeaseMargin, std::chrono::milliseconds(job.lease.expires_in_ms()) / 4);
+  return Clock::now() + margin > job.lease_expires;
+}
+
 void Agent::StartReads(const SourceReads& reads, const std::vector<PullJob*>& group,
                        std::vector<PullJob*>& wave, uint64_t& wave_bytes) {
   if (group.empty()) return;
@@ -1418,6 +1422,16 @@ void Agent::StartReads(const SourceReads& reads, const std::vector<PullJob*>& gr
     }
     job.created = true;
     job.replica = *replica;
+    if (LeaseEndsSoon(job)) {
+      // The group's creates may have waited for room in the store: not read after all.
+      ++pulls_lease_expired_;
+      SetError(*job.result, TimedOut("the lease on object " + job.id.Hex() + " from " +
+                                     reads.source + " is about to expire: not read"));
+      (void)reads.store->Abort(job.id);
+      job.created = false;
+      continue;
+    }
+    step = Clock::now();  // prepare: this job's registration and populate only
     const uint64_t bytes = job.lease.data_size() + job.lease.metadata_size();
     // One local registration per rail the read stripes across (the replica's segment on each).
     const size_t rails = fabric::RailsFor(bytes, 1 + job.rail_remote.size(), stripe_min_);
@@ -1482,8 +1496,8 @@ void Agent::FinishReads(const SourceReads& reads, const std::vector<PullJob*>& w
         bytes_pulled_ += bytes;
         job.created = false;
       } else {
-        SetError(*job.result, sealed[i].WithContext("fi_read of object " + job.id.Hex() + " from " +
-                                                    reads.source));
+        SetError(*job.result, sealed[i].WithContext("sealing the replica of object " +
+                                                    job.id.Hex() + " read from " + reads.source));
         EndFailedReplica(job, reads.store);
       }
     }

@@ -345,44 +345,69 @@ class PlasmaClient::Impl {
       s = CheckHealthy();
       creating_.erase(id);
     }
-    // The store is making room for these: polled one after the other, as Create does alone.
-    for (const auto& [k, request_id] : queued) {
-      const CreateOptions& o = options[k];
-      out[k] = ContinueQueuedCreate(lock, ids[k], o, CreateWhat(ids[k], o, capacity), request_id,
-                                    started + std::chrono::milliseconds(o.timeout_ms));
-      creating_.erase(ids[k]);
-    }
+    ContinueQueuedCreates(lock, ids, options, capacity, started, std::move(queued), out);
   }
 
-  // Polls (every kCreateRetryInterval, the lock released in between so that other requests on
-  // this connection go through) a create the store queued, until it is fulfilled, refused, or
-  // `give_up_at`.
-  Result<ObjectBuffer> ContinueQueuedCreate(std::unique_lock<std::mutex>& lock, const ObjectId& id,
-                                            const CreateOptions& o, const std::string& what,
-                                            uint64_t queued, Clock::time_point give_up_at) {
-    while (true) {
-      if (Clock::now() + kCreateRetryInterval > give_up_at) {
+  // Polls the creates the store queued (it is making room: eviction, spilling, fallback), all
+  // of them every kCreateRetryInterval (their retries pipelined; the lock released in between so
+  // that other requests on this connection go through), each until it is fulfilled, refused, or
+  // its timeout since `started` would pass before the next poll.
+  void ContinueQueuedCreates(std::unique_lock<std::mutex>& lock, const std::vector<ObjectId>& ids,
+                             const std::vector<CreateOptions>& options, int64_t capacity,
+                             Clock::time_point started,
+                             std::vector<std::pair<size_t, uint64_t>> waiting,
+                             std::vector<Result<ObjectBuffer>>& out) {
+    while (!waiting.empty()) {
+      std::vector<std::pair<size_t, uint64_t>> polled;
+      const auto now = Clock::now();
+      for (const auto& [k, request_id] : waiting) {
+        const CreateOptions& o = options[k];
+        if (now + kCreateRetryInterval <= started + std::chrono::milliseconds(o.timeout_ms)) {
+          polled.emplace_back(k, request_id);
+          continue;
+        }
         // The request cannot be withdrawn short of closing the connection, which would also
         // abort every other replica of this connection while its bytes may still be arriving.
         // It stays queued; ReapAbandonedCreates aborts the object once the store fulfils it.
-        abandoned_[id] = queued;
-        return ResourceExhausted(
-            what + ": object store full: the store found no room within " +
-            std::to_string(o.timeout_ms) +
+        abandoned_[ids[k]] = request_id;
+        out[k] = ResourceExhausted(
+            CreateWhat(ids[k], o, capacity) +
+            ": object store full: the store found no room within " + std::to_string(o.timeout_ms) +
             " ms while evicting/spilling; retry later, free objects, or let Ray move it");
+        creating_.erase(ids[k]);
       }
+      if (polled.empty()) return;
       lock.unlock();
       std::this_thread::sleep_for(kCreateRetryInterval);
       lock.lock();
-      RF_RETURN_IF_ERROR(CheckHealthy());
-      RF_ASSIGN_OR_RETURN(
-          std::vector<uint8_t> payload,
-          Roundtrip(MessageType::kCreateRetryRequest, EncodeCreateRetryRequest(id, queued),
-                    MessageType::kCreateReply, RequestDeadline()));
-      RF_ASSIGN_OR_RETURN(std::optional<uint64_t> again,
-                          TakeCreateReply(id, payload, o.data_size, o.metadata_size, what));
-      if (!again) return MakeBuffer(id, last_created_);
-      queued = *again;
+      std::vector<uint8_t> message;
+      for (const auto& [k, request_id] : polled) {
+        AppendMessage(message, MessageType::kCreateRetryRequest,
+                      EncodeCreateRetryRequest(ids[k], request_id));
+      }
+      Status s = SendBytes(message, RequestDeadline());
+      waiting.clear();
+      for (const auto& [k, request_id] : polled) {
+        const ObjectId& id = ids[k];
+        const CreateOptions& o = options[k];
+        auto payload = s.ok() ? Receive(MessageType::kCreateReply, RequestDeadline())
+                              : Result<std::vector<uint8_t>>(s);
+        if (!payload.ok()) {
+          s = payload.status();
+          out[k] = s;
+          creating_.erase(id);
+          continue;
+        }
+        auto again = TakeCreateReply(id, *payload, o.data_size, o.metadata_size,
+                                     CreateWhat(id, o, capacity));
+        if (again.ok() && *again) {
+          waiting.emplace_back(k, **again);  // still waiting for room
+          continue;
+        }
+        out[k] = again.ok() ? MakeBuffer(id, last_created_) : Result<ObjectBuffer>(again.status());
+        s = CheckHealthy();
+        creating_.erase(id);
+      }
     }
   }
 
@@ -467,6 +492,7 @@ class PlasmaClient::Impl {
     if (sent.empty()) return out;
     Status s = SendBytes(message, RequestDeadline());
     std::vector<uint8_t> releases;
+    std::vector<std::pair<ObjectId, SegmentKey>> fallback_releases;
     for (size_t k : sent) {
       const ObjectId& id = ids[k];
       Held& held = held_[id];
@@ -486,7 +512,7 @@ class PlasmaClient::Impl {
             out[k - first] = sealed;
             if (sealed.ok()) {
               held.sealed = true;
-              if (release) ReleaseSealed(id, releases);
+              if (release) ReleaseSealed(id, releases, fallback_releases);
             }
             continue;
           }
@@ -494,13 +520,17 @@ class PlasmaClient::Impl {
       }
       out[k - first] = s;  // no answer read for it: the connection is broken
     }
+    // Only once every seal reply is read: a release's own reply must not be read in their place.
     if (!releases.empty()) (void)SendBytes(releases, RequestDeadline());
+    for (const auto& [id, segment] : fallback_releases) (void)ReleaseFallback(id, segment);
     return out;
   }
 
-  // Release of an object just sealed by SealGroup: a main-arena release is one-way and joins
-  // `batch` (sent after the seals' replies are read); a fallback one is answered, so it goes alone.
-  void ReleaseSealed(const ObjectId& id, std::vector<uint8_t>& batch) {
+  // Release of an object just sealed by SealGroup, sent after the seals' replies are read: a
+  // main-arena release is one-way and joins `batch`; a fallback one is answered (a round trip
+  // each, `fallback`).
+  void ReleaseSealed(const ObjectId& id, std::vector<uint8_t>& batch,
+                     std::vector<std::pair<ObjectId, SegmentKey>>& fallback) {
     auto it = held_.find(id);
     if (--it->second.local_refs > 0) return;  // the store counts one pin per client
     const Held held = it->second;
@@ -509,7 +539,7 @@ class PlasmaClient::Impl {
       AppendMessage(batch, MessageType::kReleaseRequest, EncodeReleaseRequest(id, false));
       return;
     }
-    (void)ReleaseFallback(id, held.segment);
+    fallback.emplace_back(id, held.segment);
   }
 
   Status Abort(const ObjectId& id) {
@@ -724,6 +754,9 @@ class PlasmaClient::Impl {
   }
 
   Status SendBytes(const std::vector<uint8_t>& message, Clock::time_point deadline) {
+    // After a failure the store's framing may be off (a half-written message): more bytes would
+    // be read as garbage, and the store closing the connection aborts every unsealed replica.
+    RF_RETURN_IF_ERROR(CheckHealthy());
     Status s = stream_.SendAll(message.data(), message.size(), deadline);
     if (!s.ok()) return Fail(s);
     return Status::OK();

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -392,6 +393,129 @@ TEST(PlasmaClientTest, PipelinedCreateAndSealAnswerEachIdInOrder) {
   EXPECT_EQ(arena[4096 + 2 * 8192 + 99], 4);
   ::munmap(arena, kArena);
   ::close(memfd);
+}
+
+// Creates the store queued are polled together, their retries pipelined; a fallback object's
+// release (the store answers it) goes only after every seal reply of its batch is read.
+TEST(PlasmaClientTest, QueuedAndFallbackObjectsInABatch) {
+  constexpr int64_t kArena = 1 << 20;
+  int arena_fd = ::memfd_create("rf_fake_arena", 0);
+  int fallback_fd = ::memfd_create("rf_fake_fallback", 0);
+  ASSERT_GE(arena_fd, 0);
+  ASSERT_GE(fallback_fd, 0);
+  ASSERT_EQ(::ftruncate(arena_fd, kArena), 0);
+  ASSERT_EQ(::ftruncate(fallback_fd, kArena), 0);
+  const ObjectId main_now = TestId(1), fallback_later = TestId(2), main_later = TestId(3);
+  uint64_t next_offset = 4096;
+  std::set<int> fds_sent;
+  std::map<std::string, int> retries;
+  std::vector<std::string> retried;                    // ids, in the order their retries came
+  std::vector<std::pair<std::string, bool>> released;  // (id, may_unmap)
+  FakeStore store([&](FakeStore& s, int64_t type, const std::vector<uint8_t>& payload) {
+    auto reply_object = [&](const std::string& id, uint64_t size, bool fallback) {
+      flatbuffers::FlatBufferBuilder fbb;
+      const int fd = fallback ? 43 : 42;
+      wire::ObjectSpec spec(fd, fd - 35, next_offset - 64, next_offset, size, next_offset + size, 0,
+                            size, fallback, 0, false);
+      next_offset += 8192;
+      auto sid = fbb.CreateString(id);
+      wire::CreateReplyBuilder b(fbb);
+      b.add_object_id(sid);
+      b.add_plasma_object(&spec);
+      b.add_store_fd(fd);
+      b.add_unique_fd_id(fd - 35);
+      b.add_mmap_size(kArena + 8);
+      fbb.Finish(b.Finish());
+      s.Reply(MessageType::kCreateReply, fbb);
+      if (fds_sent.insert(fd).second) s.SendFd(fallback ? fallback_fd : arena_fd);
+    };
+    auto reply_queued = [&](const std::string& id, uint64_t request_id) {
+      flatbuffers::FlatBufferBuilder fbb;
+      auto sid = fbb.CreateString(id);
+      wire::CreateReplyBuilder b(fbb);
+      b.add_object_id(sid);
+      b.add_retry_with_request_id(request_id);
+      fbb.Finish(b.Finish());
+      s.Reply(MessageType::kCreateReply, fbb);
+    };
+    switch (static_cast<MessageType>(type)) {
+      case MessageType::kConnectRequest:
+        s.ReplyConnect(kArena);
+        break;
+      case MessageType::kCreateRequest: {
+        auto* req = flatbuffers::GetRoot<wire::CreateRequest>(payload.data());
+        const std::string id = req->object_id()->str();
+        if (id == main_now.Binary()) {
+          reply_object(id, req->data_size(), false);
+        } else {
+          reply_queued(id, id == fallback_later.Binary() ? 77 : 88);
+        }
+        break;
+      }
+      case MessageType::kCreateRetryRequest: {
+        auto* req = flatbuffers::GetRoot<wire::CreateRetryRequest>(payload.data());
+        const std::string id = req->object_id()->str();
+        retried.push_back(id);
+        // The fallback one is fulfilled at its second retry, the other at its first.
+        if (id == fallback_later.Binary() && ++retries[id] < 2) {
+          reply_queued(id, req->request_id());
+        } else {
+          reply_object(id, 100, id == fallback_later.Binary());
+        }
+        break;
+      }
+      case MessageType::kSealRequest: {
+        auto* req = flatbuffers::GetRoot<wire::SealRequest>(payload.data());
+        flatbuffers::FlatBufferBuilder fbb;
+        fbb.Finish(wire::CreateSealReply(fbb, fbb.CreateString(req->object_id()->str()), 0));
+        s.Reply(MessageType::kSealReply, fbb);
+        break;
+      }
+      case MessageType::kReleaseRequest: {
+        auto* req = flatbuffers::GetRoot<wire::ReleaseRequest>(payload.data());
+        released.emplace_back(req->object_id()->str(), req->may_unmap());
+        if (!req->may_unmap()) break;  // a main-arena release has no reply
+        flatbuffers::FlatBufferBuilder fbb;
+        fbb.Finish(wire::CreateReleaseReply(fbb, fbb.CreateString(req->object_id()->str()),
+                                            /*should_unmap=*/true, 0));
+        s.Reply(MessageType::kReleaseReply, fbb);
+        break;
+      }
+      default:
+        break;
+    }
+  });
+  auto c = PlasmaClient::Connect(store.path());
+  ASSERT_TRUE(c.ok()) << c.status();
+  PlasmaClient& client = **c;
+  CreateOptions o;
+  o.owner = TestOwner();
+  o.data_size = 100;
+  o.timeout_ms = 5000;
+  auto created = client.CreateMany({main_now, fallback_later, main_later}, {o, o, o});
+  ASSERT_EQ(created.size(), 3u);
+  for (const auto& r : created) ASSERT_TRUE(r.ok()) << r.status();
+  // Both queued creates were polled at the first tick, then the one still queued alone (polled
+  // one after the other, the order would be 2, 2, 3).
+  EXPECT_EQ(retried, (std::vector<std::string>{fallback_later.Binary(), main_later.Binary(),
+                                               fallback_later.Binary()}));
+  std::memset(created[1]->data, 2, 100);
+
+  auto sealed = client.SealAndRelease({main_now, fallback_later, main_later});
+  ASSERT_EQ(sealed.size(), 3u);
+  for (const Status& st : sealed) EXPECT_TRUE(st.ok()) << st;
+  EXPECT_TRUE(client.healthy());  // every reply was read as what it is
+  // The fallback release came last and was answered: the one-way ones were handled before it.
+  EXPECT_EQ(released, (std::vector<std::pair<std::string, bool>>{{main_now.Binary(), false},
+                                                                 {main_later.Binary(), false},
+                                                                 {fallback_later.Binary(), true}}));
+  auto* fallback =
+      static_cast<uint8_t*>(::mmap(nullptr, kArena, PROT_READ, MAP_SHARED, fallback_fd, 0));
+  ASSERT_NE(fallback, MAP_FAILED);
+  EXPECT_EQ(fallback[4096 + 2 * 8192 + 99], 2);  // written through the fallback mapping
+  ::munmap(fallback, kArena);
+  ::close(arena_fd);
+  ::close(fallback_fd);
 }
 
 }  // namespace
