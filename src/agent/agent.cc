@@ -27,6 +27,8 @@ constexpr uint64_t kWaveBytes = 1ULL << 30;
 // Replicas created (and later sealed) with one store round trip: the reads of one group start
 // while the next group is created.
 constexpr size_t kCreateGroup = 64;
+// A replica's pages mapped before its read is posted (PopulateForWrite); the rest while it runs.
+constexpr uint64_t kPopulateAhead = 8ULL << 20;
 constexpr auto kRpcTimeout = std::chrono::seconds(10);
 constexpr auto kReleaseDrain = std::chrono::seconds(2);
 // Objects pinned by one plasma Get when leasing.
@@ -1442,13 +1444,19 @@ void Agent::StartReads(const SourceReads& reads, const std::vector<PullJob*>& gr
       s = region.status();
       if (region.ok()) local[k] = std::move(*region);
     }
-    if (s.ok()) {
-      // The replica's pages may be new to this process's mapping of the store: map them in one
-      // call rather than take a fault per page while the provider writes into them.
-      Status populated = PopulateForWrite(job.replica.data, bytes);
+    // The replica's pages may be new to this process's mapping of the store: map them in one
+    // call rather than take a fault per page while the provider writes into them. One rail
+    // writes from the start: only its first pages are mapped before the read is posted, the rest
+    // while the first bytes travel (the mapping runs well ahead of the provider's writes).
+    const size_t populate_first = rails == 1 ? std::min<uint64_t>(bytes, kPopulateAhead) : bytes;
+    auto populate = [&](size_t from, size_t length) {
+      Status populated = PopulateForWrite(job.replica.data + from, length);
       if (!populated.ok() && !populate_warned_.exchange(true)) {
         RF_LOG(kInfo, "replicas are not populated before reads: " << populated.message());
       }
+    };
+    if (s.ok()) {
+      populate(0, populate_first);
       step = PullPhaseTimes::Lap(reads.phases.prepare, step);
       std::vector<fabric::Rail> stripes(rails);
       for (size_t k = 0; k < rails; ++k) {
@@ -1462,6 +1470,10 @@ void Agent::StartReads(const SourceReads& reads, const std::vector<PullJob*>& gr
       s = started.status();
       if (started.ok()) job.transfer = *started;
       job.fabric_failed = !started.ok();  // not a local registration: the fabric refused it
+      if (started.ok() && populate_first < bytes) {
+        populate(populate_first, bytes - populate_first);
+        step = PullPhaseTimes::Lap(reads.phases.prepare, step);
+      }
     }
     if (!s.ok()) {
       // Nothing was posted: the replica can go at once.
