@@ -29,6 +29,7 @@ constexpr uint64_t kWaveBytes = 1ULL << 30;
 constexpr size_t kCreateGroup = 64;
 // A replica's pages mapped before its read is posted (PopulateForWrite); the rest while it runs.
 constexpr uint64_t kPopulateAhead = 8ULL << 20;
+constexpr uint64_t kPopulateStep = 64ULL << 20;
 constexpr auto kRpcTimeout = std::chrono::seconds(10);
 constexpr auto kReleaseDrain = std::chrono::seconds(2);
 // Objects pinned by one plasma Get when leasing.
@@ -1420,6 +1421,7 @@ void Agent::StartReads(const SourceReads& reads, const std::vector<PullJob*>& gr
       } else {
         SetError(*job.result, replica.status().WithContext("creating the local replica"));
       }
+      step = PullPhaseTimes::Lap(reads.phases.create, step);
       continue;
     }
     job.created = true;
@@ -1431,9 +1433,9 @@ void Agent::StartReads(const SourceReads& reads, const std::vector<PullJob*>& gr
                                      reads.source + " is about to expire: not read"));
       (void)reads.store->Abort(job.id);
       job.created = false;
+      step = PullPhaseTimes::Lap(reads.phases.create, step);
       continue;
     }
-    step = Clock::now();  // prepare: this job's registration and populate only
     const uint64_t bytes = job.lease.data_size() + job.lease.metadata_size();
     // One local registration per rail the read stripes across (the replica's segment on each).
     const size_t rails = fabric::RailsFor(bytes, 1 + job.rail_remote.size(), stripe_min_);
@@ -1444,10 +1446,11 @@ void Agent::StartReads(const SourceReads& reads, const std::vector<PullJob*>& gr
       s = region.status();
       if (region.ok()) local[k] = std::move(*region);
     }
-    // The replica's pages may be new to this process's mapping of the store: map them in one
-    // call rather than take a fault per page while the provider writes into them. One rail
-    // writes from the start: only its first pages are mapped before the read is posted, the rest
-    // while the first bytes travel (the mapping runs well ahead of the provider's writes).
+    // The replica's pages may be new to this process's mapping of the store: map them
+    // (MADV_POPULATE_WRITE: no byte of the shared mapping changes, whoever writes it meanwhile)
+    // rather than take a fault per page while the provider writes into them. One rail writes
+    // from the start: only its first pages are mapped before the read is posted, the rest while
+    // the first bytes travel (mapping runs at several GB/s, ahead of the provider's writes).
     const size_t populate_first = rails == 1 ? std::min<uint64_t>(bytes, kPopulateAhead) : bytes;
     auto populate = [&](size_t from, size_t length) {
       Status populated = PopulateForWrite(job.replica.data + from, length);
@@ -1470,11 +1473,14 @@ void Agent::StartReads(const SourceReads& reads, const std::vector<PullJob*>& gr
       s = started.status();
       if (started.ok()) job.transfer = *started;
       job.fabric_failed = !started.ok();  // not a local registration: the fabric refused it
-      if (started.ok() && populate_first < bytes) {
-        populate(populate_first, bytes - populate_first);
-        step = PullPhaseTimes::Lap(reads.phases.prepare, step);
+      // In steps: a read that already ended (failed at once, or done) or a caller that went
+      // away needs no more of it.
+      for (size_t from = populate_first; started.ok() && from < bytes; from += kPopulateStep) {
+        if (job.transfer.Done() || reads.bounds.Cancelled()) break;
+        populate(from, std::min<uint64_t>(kPopulateStep, bytes - from));
       }
     }
+    step = PullPhaseTimes::Lap(reads.phases.prepare, step);
     if (!s.ok()) {
       // Nothing was posted: the replica can go at once.
       SetError(*job.result,
