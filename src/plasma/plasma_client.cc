@@ -320,8 +320,19 @@ class PlasmaClient::Impl {
       sent.push_back(k);
     }
     if (sent.empty()) return;
-    Status s = SendBytes(message, RequestDeadline());
-    std::vector<std::pair<size_t, uint64_t>> queued;  // (index, request id to retry with)
+    std::vector<std::pair<size_t, uint64_t>> queued =
+        ReadCreateReplies(ids, options, capacity, sent, SendBytes(message, RequestDeadline()), out);
+    ContinueQueuedCreates(lock, ids, options, capacity, started, std::move(queued), out);
+  }
+
+  // Reads the CreateReply of each request `sent` (ids[k] for k in sent, in order; `sent_status`
+  // says whether they went out) into out[k], or returns it with the request id to retry with
+  // when the store queued it.
+  std::vector<std::pair<size_t, uint64_t>> ReadCreateReplies(
+      const std::vector<ObjectId>& ids, const std::vector<CreateOptions>& options, int64_t capacity,
+      const std::vector<size_t>& sent, Status sent_status, std::vector<Result<ObjectBuffer>>& out) {
+    std::vector<std::pair<size_t, uint64_t>> queued;
+    Status s = std::move(sent_status);
     for (size_t k : sent) {
       const ObjectId& id = ids[k];
       const CreateOptions& o = options[k];
@@ -337,7 +348,7 @@ class PlasmaClient::Impl {
       auto taken =
           TakeCreateReply(id, *payload, o.data_size, o.metadata_size, CreateWhat(id, o, capacity));
       if (taken.ok() && *taken) {
-        queued.emplace_back(k, **taken);
+        queued.emplace_back(k, **taken);  // still waiting for room
         continue;
       }
       // The object, or the store's refusal (the connection stays usable unless it broke).
@@ -345,7 +356,7 @@ class PlasmaClient::Impl {
       s = CheckHealthy();
       creating_.erase(id);
     }
-    ContinueQueuedCreates(lock, ids, options, capacity, started, std::move(queued), out);
+    return queued;
   }
 
   // Polls the creates the store queued (it is making room: eviction, spilling, fallback), all
@@ -358,12 +369,15 @@ class PlasmaClient::Impl {
                              std::vector<std::pair<size_t, uint64_t>> waiting,
                              std::vector<Result<ObjectBuffer>>& out) {
     while (!waiting.empty()) {
-      std::vector<std::pair<size_t, uint64_t>> polled;
+      std::vector<size_t> polled;
+      std::vector<uint8_t> message;
       const auto now = Clock::now();
       for (const auto& [k, request_id] : waiting) {
         const CreateOptions& o = options[k];
         if (now + kCreateRetryInterval <= started + std::chrono::milliseconds(o.timeout_ms)) {
-          polled.emplace_back(k, request_id);
+          polled.push_back(k);
+          AppendMessage(message, MessageType::kCreateRetryRequest,
+                        EncodeCreateRetryRequest(ids[k], request_id));
           continue;
         }
         // The request cannot be withdrawn short of closing the connection, which would also
@@ -380,34 +394,8 @@ class PlasmaClient::Impl {
       lock.unlock();
       std::this_thread::sleep_for(kCreateRetryInterval);
       lock.lock();
-      std::vector<uint8_t> message;
-      for (const auto& [k, request_id] : polled) {
-        AppendMessage(message, MessageType::kCreateRetryRequest,
-                      EncodeCreateRetryRequest(ids[k], request_id));
-      }
-      Status s = SendBytes(message, RequestDeadline());
-      waiting.clear();
-      for (const auto& [k, request_id] : polled) {
-        const ObjectId& id = ids[k];
-        const CreateOptions& o = options[k];
-        auto payload = s.ok() ? Receive(MessageType::kCreateReply, RequestDeadline())
-                              : Result<std::vector<uint8_t>>(s);
-        if (!payload.ok()) {
-          s = payload.status();
-          out[k] = s;
-          creating_.erase(id);
-          continue;
-        }
-        auto again = TakeCreateReply(id, *payload, o.data_size, o.metadata_size,
-                                     CreateWhat(id, o, capacity));
-        if (again.ok() && *again) {
-          waiting.emplace_back(k, **again);  // still waiting for room
-          continue;
-        }
-        out[k] = again.ok() ? MakeBuffer(id, last_created_) : Result<ObjectBuffer>(again.status());
-        s = CheckHealthy();
-        creating_.erase(id);
-      }
+      waiting = ReadCreateReplies(ids, options, capacity, polled,
+                                  SendBytes(message, RequestDeadline()), out);
     }
   }
 
@@ -526,9 +514,10 @@ class PlasmaClient::Impl {
     return out;
   }
 
-  // Release of an object just sealed by SealGroup, sent after the seals' replies are read: a
-  // main-arena release is one-way and joins `batch`; a fallback one is answered (a round trip
-  // each, `fallback`).
+  // Drops this client's hold on a sealed object it holds; when it was the last, the store's pin
+  // goes too, by a request the caller sends: may_unmap must be true for fallback objects (the
+  // store CHECK-fails otherwise) and then the store answers (a round trip each: `fallback`);
+  // for the main arena it must not expect an answer (one-way: appended to `batch`).
   void ReleaseSealed(const ObjectId& id, std::vector<uint8_t>& batch,
                      std::vector<std::pair<ObjectId, SegmentKey>>& fallback) {
     auto it = held_.find(id);
@@ -584,16 +573,12 @@ class PlasmaClient::Impl {
       return InvalidArgument("Release of object " + id.Hex() +
                              " that this client created and has not sealed: Seal or Abort it");
     }
-    if (--it->second.local_refs > 0) return Status::OK();  // the store counts one pin per client
-    Held held = it->second;
-    held_.erase(it);
-    // may_unmap must be true for fallback objects (the store CHECK-fails otherwise) and then
-    // the store answers; for the main arena it must not expect an answer.
-    const bool may_unmap = held.fallback;
-    if (!may_unmap) {
-      return Send(MessageType::kReleaseRequest, EncodeReleaseRequest(id, false), RequestDeadline());
-    }
-    return ReleaseFallback(id, held.segment);
+    std::vector<uint8_t> one_way;
+    std::vector<std::pair<ObjectId, SegmentKey>> answered;
+    ReleaseSealed(id, one_way, answered);
+    if (!one_way.empty()) return SendBytes(one_way, RequestDeadline());
+    if (!answered.empty()) return ReleaseFallback(id, answered.front().second);
+    return Status::OK();  // pinned by another Get of this client still
   }
 
   Status ReleaseFallback(const ObjectId& id, const SegmentKey& segment) {

@@ -34,6 +34,14 @@ bool ReadAll(int fd, void* p, size_t n) {
   return true;
 }
 
+// A segment of the fake store: the ids the store names it by, its size, and its fd here.
+struct FakeSegment {
+  int store_fd;
+  int64_t unique_fd_id;
+  int64_t mmap_size;
+  int fd;
+};
+
 // A one-connection store that hands each request to a scripted handler.
 class FakeStore {
  public:
@@ -73,6 +81,52 @@ class FakeStore {
     // One send (the client may hang up right after a bad header); MSG_NOSIGNAL: no SIGPIPE.
     EXPECT_EQ(::send(conn_, message.data(), message.size(), MSG_NOSIGNAL),
               static_cast<ssize_t>(message.size()));
+  }
+  // A CreateReply placing the object's data at `data_offset` of `segment`, whose fd follows the
+  // first reply that names it on this connection (as the store sends it).
+  void ReplyCreated(const std::string& id, uint64_t data_size, uint64_t metadata_size,
+                    uint64_t data_offset, const FakeSegment& segment, bool fallback = false) {
+    flatbuffers::FlatBufferBuilder fbb;
+    wire::ObjectSpec spec(segment.store_fd, segment.unique_fd_id, data_offset - 64, data_offset,
+                          data_size, data_offset + data_size, metadata_size,
+                          data_size + metadata_size, fallback, 0, false);
+    auto sid = fbb.CreateString(id);
+    wire::CreateReplyBuilder b(fbb);
+    b.add_object_id(sid);
+    b.add_plasma_object(&spec);
+    b.add_store_fd(segment.store_fd);
+    b.add_unique_fd_id(segment.unique_fd_id);
+    b.add_mmap_size(segment.mmap_size);
+    fbb.Finish(b.Finish());
+    Reply(MessageType::kCreateReply, fbb);
+    if (fds_sent_.insert(segment.store_fd).second) SendFd(segment.fd);
+  }
+  void ReplyCreateRefused(const std::string& id, PlasmaError error) {
+    flatbuffers::FlatBufferBuilder fbb;
+    auto sid = fbb.CreateString(id);
+    wire::CreateReplyBuilder b(fbb);
+    b.add_object_id(sid);
+    b.add_error(static_cast<int>(error));
+    fbb.Finish(b.Finish());
+    Reply(MessageType::kCreateReply, fbb);
+  }
+  void ReplyCreateQueued(const std::string& id, uint64_t request_id) {
+    flatbuffers::FlatBufferBuilder fbb;
+    auto sid = fbb.CreateString(id);
+    wire::CreateReplyBuilder b(fbb);
+    b.add_object_id(sid);
+    b.add_retry_with_request_id(request_id);
+    fbb.Finish(b.Finish());
+    Reply(MessageType::kCreateReply, fbb);
+  }
+  // Seals the object of a SealRequest; returns its id.
+  std::string ReplySealed(const std::vector<uint8_t>& payload) {
+    const std::string id =
+        flatbuffers::GetRoot<wire::SealRequest>(payload.data())->object_id()->str();
+    flatbuffers::FlatBufferBuilder fbb;
+    fbb.Finish(wire::CreateSealReply(fbb, fbb.CreateString(id), 0));
+    Reply(MessageType::kSealReply, fbb);
+    return id;
   }
   void ReplyConnect(int64_t capacity) {
     flatbuffers::FlatBufferBuilder fbb;
@@ -121,6 +175,7 @@ class FakeStore {
   std::thread thread_;
   std::mutex mu_;
   std::vector<int64_t> received_;
+  std::set<int> fds_sent_;  // store_fds whose fd this connection has received
 };
 
 ObjectId TestId(uint8_t seed) { return *ObjectId::FromBinary(std::string(28, char(seed))); }
@@ -208,7 +263,7 @@ TEST(PlasmaClientTest, SegmentFdIsReceivedAndMappedOnce) {
   ASSERT_GE(memfd, 0);
   ASSERT_EQ(::ftruncate(memfd, kArena), 0);
   uint64_t next_offset = 4096;
-  std::set<int> fds_sent;
+  const FakeSegment main_arena{42, 7, kArena + 8, memfd};
   FakeStore store([&](FakeStore& s, int64_t type, const std::vector<uint8_t>& payload) {
     switch (static_cast<MessageType>(type)) {
       case MessageType::kConnectRequest:
@@ -216,30 +271,14 @@ TEST(PlasmaClientTest, SegmentFdIsReceivedAndMappedOnce) {
         break;
       case MessageType::kCreateRequest: {
         auto* req = flatbuffers::GetRoot<wire::CreateRequest>(payload.data());
-        flatbuffers::FlatBufferBuilder fbb;
-        wire::ObjectSpec spec(42, 7, next_offset - 64, next_offset, req->data_size(),
-                              next_offset + req->data_size(), req->metadata_size(),
-                              req->data_size() + req->metadata_size(), false, 0, false);
+        s.ReplyCreated(req->object_id()->str(), req->data_size(), req->metadata_size(), next_offset,
+                       main_arena);
         next_offset += 8192;
-        auto id = fbb.CreateString(req->object_id()->str());
-        wire::CreateReplyBuilder b(fbb);
-        b.add_object_id(id);
-        b.add_plasma_object(&spec);
-        b.add_store_fd(42);
-        b.add_unique_fd_id(7);
-        b.add_mmap_size(kArena + 8);
-        fbb.Finish(b.Finish());
-        s.Reply(MessageType::kCreateReply, fbb);
-        if (fds_sent.insert(42).second) s.SendFd(memfd);
         break;
       }
-      case MessageType::kSealRequest: {
-        auto* req = flatbuffers::GetRoot<wire::SealRequest>(payload.data());
-        flatbuffers::FlatBufferBuilder fbb;
-        fbb.Finish(wire::CreateSealReply(fbb, fbb.CreateString(req->object_id()->str()), 0));
-        s.Reply(MessageType::kSealReply, fbb);
+      case MessageType::kSealRequest:
+        s.ReplySealed(payload);
         break;
-      }
       default:
         break;  // ReleaseRequest(may_unmap=false) has no reply
     }
@@ -290,7 +329,7 @@ TEST(PlasmaClientTest, PipelinedCreateAndSealAnswerEachIdInOrder) {
   ASSERT_EQ(::ftruncate(memfd, kArena), 0);
   const ObjectId taken_by_ray = TestId(3);
   uint64_t next_offset = 4096;
-  bool fd_sent = false;
+  const FakeSegment main_arena{42, 7, kArena + 8, memfd};
   std::vector<std::string> sealed_ids;
   FakeStore store([&](FakeStore& s, int64_t type, const std::vector<uint8_t>& payload) {
     switch (static_cast<MessageType>(type)) {
@@ -299,40 +338,18 @@ TEST(PlasmaClientTest, PipelinedCreateAndSealAnswerEachIdInOrder) {
         break;
       case MessageType::kCreateRequest: {
         auto* req = flatbuffers::GetRoot<wire::CreateRequest>(payload.data());
-        flatbuffers::FlatBufferBuilder fbb;
-        auto id = fbb.CreateString(req->object_id()->str());
         if (req->object_id()->str() == taken_by_ray.Binary()) {
-          wire::CreateReplyBuilder b(fbb);
-          b.add_object_id(id);
-          b.add_error(static_cast<int>(PlasmaError::kObjectExists));
-          fbb.Finish(b.Finish());
-          s.Reply(MessageType::kCreateReply, fbb);
+          s.ReplyCreateRefused(req->object_id()->str(), PlasmaError::kObjectExists);
           break;
         }
-        wire::ObjectSpec spec(42, 7, next_offset - 64, next_offset, req->data_size(),
-                              next_offset + req->data_size(), req->metadata_size(),
-                              req->data_size() + req->metadata_size(), false, 0, false);
+        s.ReplyCreated(req->object_id()->str(), req->data_size(), req->metadata_size(), next_offset,
+                       main_arena);
         next_offset += 8192;
-        wire::CreateReplyBuilder b(fbb);
-        b.add_object_id(id);
-        b.add_plasma_object(&spec);
-        b.add_store_fd(42);
-        b.add_unique_fd_id(7);
-        b.add_mmap_size(kArena + 8);
-        fbb.Finish(b.Finish());
-        s.Reply(MessageType::kCreateReply, fbb);
-        if (!fd_sent) s.SendFd(memfd);
-        fd_sent = true;
         break;
       }
-      case MessageType::kSealRequest: {
-        auto* req = flatbuffers::GetRoot<wire::SealRequest>(payload.data());
-        sealed_ids.push_back(req->object_id()->str());
-        flatbuffers::FlatBufferBuilder fbb;
-        fbb.Finish(wire::CreateSealReply(fbb, fbb.CreateString(req->object_id()->str()), 0));
-        s.Reply(MessageType::kSealReply, fbb);
+      case MessageType::kSealRequest:
+        sealed_ids.push_back(s.ReplySealed(payload));
         break;
-      }
       default:
         break;  // ReleaseRequest(may_unmap=false) has no reply
     }
@@ -407,36 +424,15 @@ TEST(PlasmaClientTest, QueuedAndFallbackObjectsInABatch) {
   ASSERT_EQ(::ftruncate(fallback_fd, kArena), 0);
   const ObjectId main_now = TestId(1), fallback_later = TestId(2), main_later = TestId(3);
   uint64_t next_offset = 4096;
-  std::set<int> fds_sent;
+  const FakeSegment main_arena{42, 7, kArena + 8, arena_fd};
+  const FakeSegment fallback_file{43, 8, kArena + 8, fallback_fd};
   std::map<std::string, int> retries;
   std::vector<std::string> retried;                    // ids, in the order their retries came
   std::vector<std::pair<std::string, bool>> released;  // (id, may_unmap)
   FakeStore store([&](FakeStore& s, int64_t type, const std::vector<uint8_t>& payload) {
     auto reply_object = [&](const std::string& id, uint64_t size, bool fallback) {
-      flatbuffers::FlatBufferBuilder fbb;
-      const int fd = fallback ? 43 : 42;
-      wire::ObjectSpec spec(fd, fd - 35, next_offset - 64, next_offset, size, next_offset + size, 0,
-                            size, fallback, 0, false);
+      s.ReplyCreated(id, size, 0, next_offset, fallback ? fallback_file : main_arena, fallback);
       next_offset += 8192;
-      auto sid = fbb.CreateString(id);
-      wire::CreateReplyBuilder b(fbb);
-      b.add_object_id(sid);
-      b.add_plasma_object(&spec);
-      b.add_store_fd(fd);
-      b.add_unique_fd_id(fd - 35);
-      b.add_mmap_size(kArena + 8);
-      fbb.Finish(b.Finish());
-      s.Reply(MessageType::kCreateReply, fbb);
-      if (fds_sent.insert(fd).second) s.SendFd(fallback ? fallback_fd : arena_fd);
-    };
-    auto reply_queued = [&](const std::string& id, uint64_t request_id) {
-      flatbuffers::FlatBufferBuilder fbb;
-      auto sid = fbb.CreateString(id);
-      wire::CreateReplyBuilder b(fbb);
-      b.add_object_id(sid);
-      b.add_retry_with_request_id(request_id);
-      fbb.Finish(b.Finish());
-      s.Reply(MessageType::kCreateReply, fbb);
     };
     switch (static_cast<MessageType>(type)) {
       case MessageType::kConnectRequest:
@@ -448,7 +444,7 @@ TEST(PlasmaClientTest, QueuedAndFallbackObjectsInABatch) {
         if (id == main_now.Binary()) {
           reply_object(id, req->data_size(), false);
         } else {
-          reply_queued(id, id == fallback_later.Binary() ? 77 : 88);
+          s.ReplyCreateQueued(id, id == fallback_later.Binary() ? 77 : 88);
         }
         break;
       }
@@ -458,19 +454,15 @@ TEST(PlasmaClientTest, QueuedAndFallbackObjectsInABatch) {
         retried.push_back(id);
         // The fallback one is fulfilled at its second retry, the other at its first.
         if (id == fallback_later.Binary() && ++retries[id] < 2) {
-          reply_queued(id, req->request_id());
+          s.ReplyCreateQueued(id, req->request_id());
         } else {
           reply_object(id, 100, id == fallback_later.Binary());
         }
         break;
       }
-      case MessageType::kSealRequest: {
-        auto* req = flatbuffers::GetRoot<wire::SealRequest>(payload.data());
-        flatbuffers::FlatBufferBuilder fbb;
-        fbb.Finish(wire::CreateSealReply(fbb, fbb.CreateString(req->object_id()->str()), 0));
-        s.Reply(MessageType::kSealReply, fbb);
+      case MessageType::kSealRequest:
+        s.ReplySealed(payload);
         break;
-      }
       case MessageType::kReleaseRequest: {
         auto* req = flatbuffers::GetRoot<wire::ReleaseRequest>(payload.data());
         released.emplace_back(req->object_id()->str(), req->may_unmap());
