@@ -1305,12 +1305,7 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
           SetError(*job.result, Aborted("the caller cancelled the pull"));
           continue;
         }
-        if (LeaseEndsSoon(job)) {
-          ++pulls_lease_expired_;
-          SetError(*job.result, TimedOut("the lease on object " + job.id.Hex() + " from " + source +
-                                         " is about to expire: not read"));
-          continue;
-        }
+        if (RefusedForLeaseEnd(job, source)) continue;
         group.push_back(&job);
         group_bytes += job.lease.data_size() + job.lease.metadata_size();
       }
@@ -1375,12 +1370,16 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
   PullFromSource(source, again, bounds, std::move(excluded));
 }
 
-bool Agent::LeaseEndsSoon(const PullJob& job) {
+bool Agent::RefusedForLeaseEnd(PullJob& job, const std::string& source) {
   // A read is not started close to its lease's end (the seal would be refused anyway if it
   // finished after it): within 2 s, or a quarter of a shorter lease.
   const auto margin = std::min<Clock::duration>(
       kLeaseMargin, std::chrono::milliseconds(job.lease.expires_in_ms()) / 4);
-  return Clock::now() + margin > job.lease_expires;
+  if (Clock::now() + margin <= job.lease_expires) return false;
+  ++pulls_lease_expired_;
+  SetError(*job.result, TimedOut("the lease on object " + job.id.Hex() + " from " + source +
+                                 " is about to expire: not read"));
+  return true;
 }
 
 void Agent::StartReads(const SourceReads& reads, const std::vector<PullJob*>& group,
@@ -1426,11 +1425,8 @@ void Agent::StartReads(const SourceReads& reads, const std::vector<PullJob*>& gr
     }
     job.created = true;
     job.replica = *replica;
-    if (LeaseEndsSoon(job)) {
+    if (RefusedForLeaseEnd(job, reads.source)) {
       // The group's creates may have waited for room in the store: not read after all.
-      ++pulls_lease_expired_;
-      SetError(*job.result, TimedOut("the lease on object " + job.id.Hex() + " from " +
-                                     reads.source + " is about to expire: not read"));
       (void)reads.store->Abort(job.id);
       job.created = false;
       step = PullPhaseTimes::Lap(reads.phases.create, step);

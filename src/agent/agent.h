@@ -173,8 +173,8 @@ class Agent {
     const PullBounds& bounds;
     PullPhaseTimes& phases;
   };
-  // Whether `job`'s lease ends too soon to start its read.
-  static bool LeaseEndsSoon(const PullJob& job);
+  // Whether `job`'s lease ends too soon to start its read; if so, its result says so.
+  bool RefusedForLeaseEnd(PullJob& job, const std::string& source);
   // Creates the group's replicas (one store round trip) and starts each one's read; the started
   // jobs join `wave`. What fails is settled on its job.
   void StartReads(const SourceReads& reads, const std::vector<PullJob*>& group,
