@@ -204,6 +204,7 @@ Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options) {
         "like 50%)");
   }
   RF_ASSIGN_OR_RETURN(bool allow_unprotected, options.config.GetBool("allow_unprotected_memory"));
+  RF_RETURN_IF_ERROR(options.config.GetBool("warm_store").status());  // a bad value: said here
   const std::string exposure = options.config.GetString("exposure");
   if (exposure != "object" && exposure != "arena" && exposure != "auto") {
     return InvalidArgument("exposure='" + exposure + "': use object, arena or auto");
@@ -283,6 +284,18 @@ Agent::Agent(AgentOptions options, StorePtr serve_store, StorePtr pull_store,
       create_timeout_ms_(options_.config.GetInt("create_timeout_ms").value()),
       op_timeout_ms_(options_.config.GetInt("op_timeout_ms").value()),
       drain_timeout_ms_(options_.config.GetInt("drain_timeout_ms").value()) {
+  StoreWarmer::Options warm;
+  auto warm_store = options_.config.GetBool("warm_store");
+  warm.background = !warm_store.ok() || *warm_store;
+  warmer_ = std::make_unique<StoreWarmer>(warm, [this] {
+    if (leases_.active() > 0) return true;  // peers may be reading this node's objects
+    std::lock_guard<std::mutex> lock(in_flight_mu_);
+    return !in_flight_.empty();
+  });
+  // Segments mapped while Open checked the store are added here, later ones by the callback.
+  for (const StorePtr& store : {serve_store_, pull_store_}) {
+    for (const plasma::SegmentInfo& s : store->Segments()) OnSegmentMapped(s);
+  }
   WatchSegments(*serve_store_);
   WatchSegments(*pull_store_);
   sweeper_ = std::thread([this] { SweepLoop(); });
@@ -342,8 +355,11 @@ Agent::~Agent() {
     serve_store_.reset();
     pull_store_.reset();
   }
-  std::lock_guard<std::mutex> lock(regions_mu_);
-  for (Fabric& fab : fabrics_) fab.segments.clear();  // every rail's
+  {
+    std::lock_guard<std::mutex> lock(regions_mu_);
+    for (Fabric& fab : fabrics_) fab.segments.clear();  // every rail's
+  }
+  warmer_.reset();  // its thread stops; no store connection is left to report an unmap
 }
 
 Agent::Fabric* Agent::FabricFor(const std::string& provider) {
@@ -362,8 +378,13 @@ std::string Agent::FabricList() const {
 }
 
 void Agent::WatchSegments(plasma::PlasmaClient& store) {
-  store.SetSegmentCallbacks(nullptr,
+  store.SetSegmentCallbacks([this](const plasma::SegmentInfo& s) { OnSegmentMapped(s); },
                             [this](const plasma::SegmentInfo& s) { OnSegmentUnmapped(s); });
+}
+
+void Agent::OnSegmentMapped(const plasma::SegmentInfo& segment) {
+  // A fallback segment holds one object on disk, gone with it: nothing to keep warm.
+  if (warmer_ && !segment.fallback) warmer_->Add(segment.base, segment.size, segment.fd);
 }
 
 Result<Agent::StorePtr> Agent::ConnectStore() {
@@ -475,6 +496,7 @@ Result<fabric::RegisteredRange> Agent::RegionFor(Fabric& fab, size_t rail, uint8
 }
 
 void Agent::OnSegmentUnmapped(const plasma::SegmentInfo& segment) {
+  if (warmer_) warmer_->Remove(segment.base);  // it maps no page of it any more
   // Runs before the segment is unmapped: drop our registration so that no stale region can be
   // found at this address again.
   std::lock_guard<std::mutex> lock(regions_mu_);
@@ -1449,7 +1471,7 @@ void Agent::StartReads(const SourceReads& reads, const std::vector<PullJob*>& gr
     // the first bytes travel (mapping runs at several GB/s, ahead of the provider's writes).
     const size_t populate_first = rails == 1 ? std::min<uint64_t>(bytes, kPopulateAhead) : bytes;
     auto populate = [&](size_t from, size_t length) {
-      Status populated = PopulateForWrite(job.replica.data + from, length);
+      Status populated = warmer_->Populate(job.replica.data + from, length);
       if (!populated.ok() && !populate_warned_.exchange(true)) {
         RF_LOG(kInfo, "replicas are not populated before reads: " << populated.message());
       }

@@ -22,6 +22,7 @@
 #include "agent/fallback_counts.h"
 #include "agent/lease_table.h"
 #include "agent/peer_clients.h"
+#include "agent/store_warmer.h"
 #include "rayfabric/config.h"
 #include "rayfabric/fabric.h"
 #include "rayfabric/plasma_client.h"
@@ -117,6 +118,7 @@ class Agent {
   // slices; dropped on unmap).
   Result<fabric::RegisteredRange> RegionFor(Fabric& fab, size_t rail, uint8_t* segment_base,
                                             size_t segment_size);
+  void OnSegmentMapped(const plasma::SegmentInfo& segment);  // kept warm (warmer_)
   void OnSegmentUnmapped(const plasma::SegmentInfo& segment);
   // `rails`: on how many of `fab`'s rails a large object is described (as many as both have).
   void LeaseBatch(Fabric& fab, size_t rails, v1::LeaseReply& reply, const std::vector<int>& indices,
@@ -283,6 +285,9 @@ class Agent {
   std::atomic<bool> stopping_pulls_{false};
   // Answered; freed by the next QueueRelease or at exit, never inside gRPC's callback.
   std::vector<std::unique_ptr<PendingRelease>> releases_answered_;
+  // This process's mapping of the store, kept warm (config warm_store); stopped in ~Agent once
+  // the store connections (whose unmaps it hears of) are gone.
+  std::unique_ptr<StoreWarmer> warmer_;
 };
 
 }  // namespace rayfabric::agent

@@ -184,6 +184,50 @@ def test_agents_report_the_provider(cluster):
         assert a["exposure"] == ("arena" if cluster["provider"] == "sockets" else "object"), a
 
 
+def store_mapped_bytes(pid):
+    """Bytes of the node's plasma store file that process `pid` has mapped (the kernel's Rss of its
+    mappings of /dev/shm/plasma*)."""
+    total, in_store = 0, False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            first = line.split(" ", 1)[0]
+            if "-" in first and ":" not in first:  # a mapping's header line
+                in_store = "/dev/shm/plasma" in line
+            elif in_store and line.startswith("Rss:"):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def test_agent_keeps_its_mapping_of_the_store_warm(cluster):
+    """warm_store (the default): store memory a worker allocated is mapped into the node's agent in
+    idle time, with no pull touching it (read from the kernel: the Rss of the agent's mapping of
+    the store's file), and a pull into the store afterwards brings the right bytes."""
+    if cluster["provider"] != PROVIDERS[0]:
+        pytest.skip("the agent's memory, not the provider: once")
+    node = cluster["nodes"]["n1"]
+    pid = ray.get(_agents.actor_of(node).__ray_call__.remote(lambda actor: actor.proc.pid))
+    # The agent maps the store's arena on first use: one pull into n1 first.
+    first = on("n0", produce).remote("numpy", 8 * MiB, 41)
+    ray.wait([first], fetch_local=False)
+    assert ray.get(on("n1", fetch).remote([first]))["pulled"] == 1
+    assert wait_idle() == {}
+    before = store_mapped_bytes(pid)
+    # A worker on n1 writes 256 MiB into its store (the object stays referenced while we look).
+    held = on("n1", produce).remote("numpy", 256 * MiB, 42)
+    ray.wait([held], fetch_local=False)
+    assert wait_for(lambda: store_mapped_bytes(pid) >= before + 250 * MiB, timeout=60), \
+        (before, store_mapped_bytes(pid))
+    print(f"\nagent's mapping of n1's store: {before / MiB:.0f} -> {store_mapped_bytes(pid) / MiB:.0f} MiB "
+          f"after a worker's 256 MiB put, with no pull")
+    ref = on("n0", produce).remote("numpy", 64 * MiB, 43)
+    ray.wait([ref], fetch_local=False)
+    expected = ray.get(on("n0", digest_task).remote([ref]))
+    out = ray.get(on("n1", fetch).remote([ref]))
+    assert out["pulled"] == 1 and out["digests"] == [expected], out
+    del held, ref, first
+    assert wait_idle() == {}
+
+
 @pytest.mark.parametrize("producer", ["task", "actor", "driver"])
 @pytest.mark.parametrize("kind", ["numpy", "bytes", "dataframe"])
 def test_objects_cross_nodes_byte_identical(cluster, kind, producer):

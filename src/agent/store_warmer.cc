@@ -1,0 +1,244 @@
+#include "agent/store_warmer.h"
+
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "rayfabric/log.h"
+#include "rayfabric/memory.h"
+
+namespace rayfabric::agent {
+namespace {
+constexpr size_t kBitsPerWord = 64;
+// Pages looked at between two checks of `busy`.
+constexpr uint64_t kWindowBytes = 64ULL << 20;
+// Pages mapped per system call: the call holds this process's mmap lock for reading, and the
+// warmer runs at the lowest priority, so a thread that must change the mappings (an mmap by
+// malloc) never waits long behind it.
+constexpr size_t kPopulateBytes = 4ULL << 20;
+}  // namespace
+
+StoreWarmer::StoreWarmer(Options options, std::function<bool()> busy)
+    : options_(options), busy_(std::move(busy)), page_(static_cast<size_t>(sysconf(_SC_PAGESIZE))) {
+  if (options_.background) thread_ = std::thread([this] { Run(); });
+}
+
+StoreWarmer::~StoreWarmer() {
+  ++waiting_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  for (auto& [base, seg] : segments_) {
+    if (seg.fd >= 0) ::close(seg.fd);
+  }
+}
+
+void StoreWarmer::Add(uint8_t* base, size_t size, int fd) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (segments_.count(base) != 0) return;  // the same mapping, seen by the other connection
+  Segment seg;
+  seg.base = base;
+  seg.size = size;
+  seg.fd = options_.background && fd >= 0 ? ::dup(fd) : -1;
+  seg.mapped.assign((size / page_ + kBitsPerWord - 1) / kBitsPerWord, 0);
+  segments_.emplace(base, std::move(seg));
+  added_ = true;
+  cv_.notify_all();
+}
+
+void StoreWarmer::Remove(uint8_t* base) {
+  ++waiting_;                                  // the step under way ends at its next 4 MiB
+  std::lock_guard<std::mutex> step(step_mu_);  // no background step is mapping its pages now
+  --waiting_;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = segments_.find(base);
+  if (it == segments_.end()) return;
+  if (it->second.fd >= 0) ::close(it->second.fd);
+  segments_.erase(it);
+}
+
+uint64_t StoreWarmer::bytes_warmed_in_background() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return warmed_;
+}
+
+std::vector<std::pair<size_t, size_t>> StoreWarmer::Unmapped(const Segment& seg, size_t first,
+                                                             size_t last) const {
+  std::vector<std::pair<size_t, size_t>> runs;  // (offset, length) in bytes
+  size_t p = first;
+  while (p < last) {
+    const uint64_t word = seg.mapped[p / kBitsPerWord];
+    if (word == ~0ULL && p % kBitsPerWord == 0 && p + kBitsPerWord <= last) {
+      p += kBitsPerWord;  // 64 mapped pages at once
+      continue;
+    }
+    if ((word >> (p % kBitsPerWord)) & 1) {
+      ++p;
+      continue;
+    }
+    const size_t start = p;
+    while (p < last && ((seg.mapped[p / kBitsPerWord] >> (p % kBitsPerWord)) & 1) == 0) ++p;
+    runs.emplace_back(start * page_, (p - start) * page_);
+  }
+  return runs;
+}
+
+void StoreWarmer::Mark(Segment& seg, size_t first, size_t last) {
+  for (size_t p = first; p < last; ++p) seg.mapped[p / kBitsPerWord] |= 1ULL << (p % kBitsPerWord);
+}
+
+Status StoreWarmer::Populate(uint8_t* addr, size_t length) {
+  if (length == 0) return Status::OK();
+  std::vector<std::pair<size_t, size_t>> runs;
+  uint8_t* base = nullptr;
+  size_t first = 0, last = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = segments_.upper_bound(addr);
+    if (it != segments_.begin()) --it;
+    if (it == segments_.end() || addr < it->first || addr + length > it->first + it->second.size) {
+      return PopulateForWrite(addr, length);  // not a known segment: nothing to remember
+    }
+    const Segment& seg = it->second;
+    base = seg.base;
+    first = static_cast<size_t>(addr - base) / page_;
+    last =
+        std::min(seg.size / page_, (static_cast<size_t>(addr - base) + length + page_ - 1) / page_);
+    runs = Unmapped(seg, first, last);
+  }
+  for (const auto& [offset, bytes] : runs) {
+    RF_RETURN_IF_ERROR(PopulateForWrite(base + offset, bytes));
+  }
+  // A caller's range lies inside a replica it holds: its segment cannot be unmapped meanwhile.
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = segments_.find(base);
+  if (it != segments_.end()) Mark(it->second, first, last);
+  return Status::OK();
+}
+
+StoreWarmer::StepResult StoreWarmer::Step() {
+  std::lock_guard<std::mutex> step(step_mu_);
+  std::vector<uint8_t*> bases;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [base, seg] : segments_) {
+      if (seg.fd >= 0) bases.push_back(base);
+    }
+  }
+  uint64_t budget = options_.bytes_per_step;
+  StepResult result;
+  result.pass_ended = true;
+  std::vector<unsigned char> resident;
+  // The segments in order, from each one's cursor, while the step's budget lasts (the store has
+  // one arena; fallback files are never added).
+  for (uint8_t* base : bases) {
+    bool wrapped = false;
+    while (budget > 0 && !wrapped) {
+      if ((busy_ && busy_()) || waiting_ > 0) {  // a transfer started: it gets the cores
+        result.pass_ended = false;
+        return result;
+      }
+      std::vector<std::pair<size_t, size_t>> runs;
+      size_t from = 0, to = 0;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = segments_.find(base);
+        if (it == segments_.end()) break;
+        Segment& seg = it->second;
+        // Skip the file's holes (pages nobody allocated) without looking at them page by page.
+        off_t data = ::lseek(seg.fd, static_cast<off_t>(seg.cursor), SEEK_DATA);
+        if (data < 0 && errno != ENXIO) data = static_cast<off_t>(seg.cursor);
+        if (data < 0 || static_cast<size_t>(data) >= seg.size) {
+          seg.cursor = 0;  // a pass over this segment is complete
+          wrapped = true;
+          continue;
+        }
+        from = static_cast<size_t>(data) / page_;
+        to = std::min(seg.size / page_,
+                      from + std::max<size_t>(1, std::min(budget, kWindowBytes) / page_));
+        runs = Unmapped(seg, from, to);
+        seg.cursor = to * page_;
+      }
+      budget -= std::min<uint64_t>(budget, (to - from) * page_);
+      for (const auto& [offset, bytes] : runs) {
+        if (waiting_ > 0) break;  // a segment goes, or the warmer stops: the rest does not matter
+        // Only pages the file already has (resident): mapping a hole would allocate store memory.
+        resident.resize(bytes / page_);
+        if (::mincore(base + offset, bytes, resident.data()) != 0) continue;
+        size_t p = 0;
+        while (p < resident.size() && waiting_ == 0) {
+          if ((resident[p] & 1) == 0) {
+            ++p;
+            continue;
+          }
+          size_t q = p;
+          while (q < resident.size() && (resident[q] & 1) && (q - p) * page_ < kPopulateBytes) ++q;
+          Status s = PopulateForWrite(base + offset + p * page_, (q - p) * page_);
+          if (!s.ok()) {
+            RF_LOG(kInfo, "the store's pages are not mapped ahead of pulls: " << s.message());
+            std::lock_guard<std::mutex> lock(mu_);
+            failed_ = true;
+            return result;
+          }
+          std::lock_guard<std::mutex> lock(mu_);
+          auto it = segments_.find(base);
+          if (it != segments_.end()) Mark(it->second, offset / page_ + p, offset / page_ + q);
+          warmed_ += (q - p) * page_;
+          result.mapped += (q - p) * page_;
+          p = q;
+        }
+      }
+    }
+    if (!wrapped) result.pass_ended = false;
+  }
+  return result;
+}
+
+bool StoreWarmer::FileGrew() {
+  bool grew = false;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [base, seg] : segments_) {
+    struct stat st {};
+    if (seg.fd < 0 || ::fstat(seg.fd, &st) != 0) continue;
+    const int64_t blocks = static_cast<int64_t>(st.st_blocks);
+    if (blocks != seg.blocks_seen) grew = true;
+    seg.blocks_seen = blocks;
+  }
+  return grew;
+}
+
+void StoreWarmer::Run() {
+  // The lowest priority (this thread alone): it uses cores nobody else wants, so on a busy node it
+  // takes nothing from Ray's own transfers or the workers.
+  if (setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19) != 0) {
+    RF_LOG(kDebug, "store warmer: setpriority: " << std::strerror(errno));
+  }
+  // A page, once mapped here, stays mapped, even when the store reuses it for another object:
+  // new work appears only when the file gains pages (its allocated blocks grow). So: one fstat
+  // per interval, and a pass over the segments, step by step, after each growth.
+  bool scanning = false;
+  bool again = false;  // the file grew during a pass: one more after it
+  for (;;) {
+    bool added = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, options_.interval, [this] { return stopping_ || added_; });
+      if (stopping_ || failed_) return;
+      added = std::exchange(added_, false);
+    }
+    if (FileGrew() || added) (scanning ? again : scanning) = true;
+    if (!scanning || (busy_ && busy_())) continue;
+    if (Step().pass_ended) scanning = std::exchange(again, false);
+  }
+}
+
+}  // namespace rayfabric::agent
