@@ -90,6 +90,11 @@ def main(argv=None):
         if "--broadcast" in rest:  # `rayfabric bench --broadcast ...`: one object to every node
             from rayfabric import bench_broadcast
             return bench_broadcast.main([x for x in rest if x != "--broadcast"])
+        if any(x == "--link" or x.startswith("--link=") for x in rest):
+            # `rayfabric bench --link RATES ...` (no --rails, --broadcast): one shaped link, Ray and
+            # rayfabric next to the raw ceilings over the same link
+            from rayfabric import bench_link
+            return bench_link.main(rest)
         if "--tensors" in rest:  # `rayfabric bench --tensors ...`: actor-to-actor tensors, RDT
             from rayfabric import bench_tensors
             return bench_tensors.main([x for x in rest if x != "--tensors"])

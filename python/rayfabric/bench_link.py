@@ -1,0 +1,242 @@
+"""rayfabric bench --link: Ray and rayfabric on a wire that is the bottleneck, next to raw ceilings.
+
+  python3 -m rayfabric bench --link 2gbit,10gbit,25gbit [--sizes 64M,512M] [--reps 3] [--quick] [--json F]
+
+Two Ray nodes, each started with `ray start` in its own network namespace (rayfabric.netns), joined
+by one veth pair shaped with tc to each rate in turn (both directions). Per rate, over that link:
+  raw TCP     a TCP stream between two processes (rayfabric-bench's ceiling)
+  raw read    fi_read between two processes, same provider, into memory already mapped
+              (rayfabric-bench --listen in node B's namespace, --peer in node A's)
+  ray         a task on node A ray.get()s a fresh object made on node B (Ray's object manager)
+  rayfabric   the same, with rayfabric.get (agents on the link's interfaces)
+The two Ray paths alternate rep by rep, on fresh objects (the first rep of each size warms up and
+is not counted); every object's sha256 is checked against one computed on node B. Reported per
+rate and size: each path's median throughput as a fraction of the link rate, rayfabric against
+Ray and against the raw read, and CPU seconds per GB moved (user+sys of every process in both
+namespaces: raylets, workers, agents, the driver). The link rate is what tc lets through,
+Ethernet headers included, so a full link carries about 96% of it as payload (MTU 1500).
+Needs root and `ip netns` (exit 77 otherwise). No delay is added (this kernel has no sch_netem);
+the namespaces' veth adds microseconds. --quick: 2gbit, 64 MiB, one rep (the CI form). Exit 1 if
+any byte differs, a rayfabric get did not move its object by the fabric, or a raw ceiling failed."""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from rayfabric import bin_dir, netns
+
+MiB = 1 << 20
+RAW_PORT = 7311
+
+DRIVER = r"""
+import hashlib, json, os, sys, time
+import numpy as np, ray, rayfabric
+ray.init(address=sys.argv[1], logging_level="ERROR")
+cfg = json.loads(sys.argv[2])
+TICK = os.sysconf("SC_CLK_TCK")
+NETNS = {os.stat("/proc/self/ns/net").st_ino, os.stat("/var/run/netns/" + cfg["other_ns"]).st_ino}
+
+def cpu_ticks():
+    # {(pid, start time): user+sys ticks} of every live process in the two namespaces (namespaces
+    # do not isolate PIDs).
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{pid}/ns/net").st_ino not in NETNS:
+                continue
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[(pid, fields[19])] = int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue  # exited while we looked
+    return out
+
+def cpu_seconds_between(before, after):
+    # Processes that started in between count whole; those that exited in between are lost
+    # (nothing reads their last times), which can only undercount.
+    return sum(t - before.get(k, 0) for k, t in after.items()) / TICK
+
+@ray.remote(num_cpus=0, resources={"nB": 0.01})
+def make(nbytes, seed):
+    return np.random.default_rng(seed).integers(0, 256, size=nbytes, dtype=np.uint8)
+
+@ray.remote(num_cpus=0, resources={"nB": 0.01})
+def digest_at_source(refs):
+    return hashlib.sha256(ray.get(refs[0]).tobytes()).hexdigest()
+
+@ray.remote(num_cpus=0, resources={"nA": 0.01})
+def fetch(refs, how):
+    import rayfabric as rf
+    before = rf.stats()["objects_pulled"] if how == "rayfabric" else 0
+    t0 = time.perf_counter()
+    v = ray.get(refs[0]) if how == "ray" else rf.get(refs[0], timeout=600)
+    seconds = time.perf_counter() - t0
+    pulled = rf.stats()["objects_pulled"] - before if how == "rayfabric" else 0
+    return seconds, hashlib.sha256(v.tobytes()).hexdigest(), pulled
+
+nodes = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
+by_name = {("nA" if "nA" in n["Resources"] else "nB"): i for i, n in nodes.items()}
+rayfabric.init(node_env={by_name[k]: v for k, v in cfg["node_env"].items()}, watch_new_nodes=False)
+rows = []
+seed = 1000
+for nbytes in cfg["sizes"]:
+    for rep in range(cfg["reps"] + 1):  # rep 0 warms up and is not counted
+        for how in (("ray", "rayfabric") if rep % 2 == 0 else ("rayfabric", "ray")):
+            seed += 1
+            ref = make.remote(nbytes, seed)
+            want = ray.get(digest_at_source.remote([ref]))
+            cpu0 = cpu_ticks()
+            seconds, got, pulled = ray.get(fetch.remote([ref], how))
+            cpu = cpu_seconds_between(cpu0, cpu_ticks())
+            rows.append({"path": how, "bytes": nbytes, "rep": rep, "seconds": seconds, "cpu_s": cpu,
+                         "ok": got == want, "pulled": pulled})
+            del ref
+rayfabric.shutdown()
+print("RESULT " + json.dumps(rows))
+"""
+
+
+def size_bytes(text):
+    text = text.strip().upper()
+    for suffix, scale in (("G", 1 << 30), ("M", MiB), ("K", 1 << 10)):
+        if text.endswith(suffix):
+            return int(float(text[:-1]) * scale)
+    return int(text)
+
+
+def raw_over_link(provider, sizes, iters):
+    """rayfabric-bench between the two namespaces over link 0: fi_read per size and a TCP stream
+    (GB/s), or {"error": why}."""
+    exe = os.path.join(bin_dir(), "bench", "rayfabric-bench")
+    if not os.path.exists(exe):
+        return {"error": f"{exe} not found (build it: ninja -C build)"}
+    dev_a, dev_b, _, ip_b = netns.LINKS[0]
+    ns_a, ns_b = netns.NAMESPACES
+    server = subprocess.Popen(["ip", "netns", "exec", ns_b, exe, "--listen", str(RAW_PORT), "--provider", provider,
+                               "--domain", dev_b], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        path = f.name
+    try:
+        time.sleep(0.3)  # the client retries its connect, this only saves a retry
+        cmd = ["ip", "netns", "exec", ns_a, exe, "--peer", f"{ip_b}:{RAW_PORT}", "--provider", provider,
+               "--domain", dev_a, "--op", "read", "--verify", "--iters", str(iters),
+               "--sizes", ",".join(str(s) for s in sizes), "--json", path]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if p.returncode != 0:
+            return {"error": f"rayfabric-bench exited {p.returncode}: {p.stderr.strip()[-400:]}"}
+        with open(path) as f:
+            raw = json.load(f)
+        return {"read_gbytes": {r["size"]: r["gbps"] for r in raw["results"]},
+                "tcp_gbytes": raw["ceilings"]["tcp_stream_gbps"], "engine": raw.get("engine")}
+    except (subprocess.TimeoutExpired, OSError, ValueError) as e:
+        return {"error": f"rayfabric-bench: {e}"}
+    finally:
+        server.kill()
+        server.wait()
+        os.unlink(path)
+
+
+def summarize(rate, nbytes, rows, raw):
+    link = netns.rate_bits(rate)
+    out = {"link": rate, "bytes": nbytes}
+    for how in ("ray", "rayfabric"):
+        timed = [r for r in rows if r["path"] == how and r["bytes"] == nbytes and r["rep"] > 0]
+        med = statistics.median(r["seconds"] for r in timed)
+        out[how] = {"seconds": med, "link_fraction": nbytes * 8 / med / link,
+                    "cpu_s_per_gb": statistics.median(r["cpu_s"] / (nbytes / 1e9) for r in timed)}
+    read = (raw.get("read_gbytes") or {}).get(nbytes) or (raw.get("read_gbytes") or {}).get(str(nbytes))
+    out["raw_read_fraction"] = read * 8e9 / link if read else None
+    out["raw_tcp_fraction"] = raw["tcp_gbytes"] * 8e9 / link if raw.get("tcp_gbytes") else None
+    out["rf_vs_ray"] = out["ray"]["seconds"] / out["rayfabric"]["seconds"]
+    out["rf_vs_raw_read"] = out["rayfabric"]["link_fraction"] / out["raw_read_fraction"] if read else None
+    return out
+
+
+def pct(x):
+    return f"{100 * x:.1f}%" if x is not None else "-"
+
+
+def print_table(summaries):
+    print(f"\n{'link':>8s} {'size':>6s} {'raw TCP':>8s} {'raw read':>9s} {'Ray':>7s} {'rayfabric':>10s} "
+          f"{'rf/Ray':>7s} {'rf/raw read':>12s} {'CPU s/GB Ray':>13s} {'CPU s/GB rf':>12s}")
+    for s in summaries:
+        print(f"{s['link']:>8s} {s['bytes'] // MiB:5d}M {pct(s['raw_tcp_fraction']):>8s} "
+              f"{pct(s['raw_read_fraction']):>9s} {pct(s['ray']['link_fraction']):>7s} "
+              f"{pct(s['rayfabric']['link_fraction']):>10s} {s['rf_vs_ray']:6.2f}x "
+              f"{pct(s['rf_vs_raw_read']):>12s} {s['ray']['cpu_s_per_gb']:13.2f} "
+              f"{s['rayfabric']['cpu_s_per_gb']:12.2f}")
+    print("(fractions of the link rate; rf/raw read: rayfabric's throughput over the raw fi_read's "
+          "on the same link)")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="rayfabric bench --link", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--link", default="2gbit,10gbit,25gbit", help="tc rates, comma list (e.g. 2gbit,10gbit)")
+    p.add_argument("--sizes", default="64M,512M", help="object sizes, comma list (default 64M,512M)")
+    p.add_argument("--reps", type=int, default=3, help="timed repetitions per size and path (+1 warm-up)")
+    p.add_argument("--provider", default="tcp;ofi_rxm", help="libfabric provider of agents and raw read")
+    p.add_argument("--quick", action="store_true", help="2gbit, 64 MiB, one repetition")
+    p.add_argument("--json", help="write every row and summary here")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.link, a.sizes, a.reps = "2gbit", "64M", 1
+    rates = [r.strip() for r in a.link.split(",") if r.strip()]
+    sizes = [size_bytes(s) for s in a.sizes.split(",") if s.strip()]
+    for r in rates:
+        netns.rate_bits(r)  # a clear error for a bad rate before anything starts
+    why = netns.NetnsPair.available()
+    if why:
+        print(f"rayfabric bench --link: cannot run here: {why}")
+        return 77  # "skipped" to meson
+    dev_a, dev_b = netns.LINKS[0][:2]
+    cfg = {"sizes": sizes, "reps": a.reps, "other_ns": netns.NAMESPACES[1],
+           "node_env": {"nA": {"RAYFABRIC_DOMAIN": dev_a, "RAYFABRIC_PROVIDER": a.provider},
+                        "nB": {"RAYFABRIC_DOMAIN": dev_b, "RAYFABRIC_PROVIDER": a.provider}}}
+    extra = {k: os.environ[k] for k in ("PYTHONPATH", "RAYFABRIC_BIN_DIR") if k in os.environ}
+    pair = netns.NetnsPair(links=1, store_bytes=max(300 * MiB, 4 * max(sizes)))
+    print(f"rayfabric bench --link: 2 nodes in network namespaces, one link shaped to {', '.join(rates)} in turn; "
+          f"objects of {', '.join(f'{s // MiB} MiB' for s in sizes)}; {a.reps} repetitions (+1 warm-up); "
+          f"{a.provider}", flush=True)
+    results, summaries = [], []
+    try:
+        pair.start()
+        for rate in rates:
+            pair.shape(rate)
+            t0 = time.monotonic()
+            raw = raw_over_link(a.provider, sizes, iters=max(3, a.reps))
+            if "error" in raw:
+                print(f"  {rate}: raw ceiling not measured: {raw['error']}", flush=True)
+            out = pair.run_driver(DRIVER, json.dumps(cfg), extra_env=extra, timeout=3600)
+            rows = json.loads(next(l for l in out.splitlines() if l.startswith("RESULT "))[len("RESULT "):])
+            results.append({"link": rate, "raw": {k: v for k, v in raw.items() if k != "read_gbytes"} |
+                            {"read_gbytes": {str(k): v for k, v in (raw.get("read_gbytes") or {}).items()}},
+                            "rows": rows})
+            for nbytes in sizes:
+                summaries.append(summarize(rate, nbytes, rows, raw))
+            print(f"  {rate}: done ({time.monotonic() - t0:.0f} s)", flush=True)
+    finally:
+        pair.stop()
+    print_table(summaries)
+    rows = [r for res in results for r in res["rows"]]
+    bad = [r for r in rows if not r["ok"] or (r["path"] == "rayfabric" and r["pulled"] != 1)]
+    print(f"\nbytes verified: {'all' if not bad else f'{len(bad)} BAD'} ({len(rows)} gets, sha256 against "
+          f"the source's); rayfabric gets that did not move their object by the fabric: "
+          f"{sum(1 for r in rows if r['path'] == 'rayfabric' and r['pulled'] != 1)}")
+    raw_failed = [res["link"] for res in results if res["raw"].get("error")]
+    if raw_failed:
+        print(f"raw ceiling not measured on: {', '.join(raw_failed)}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"provider": a.provider, "reps": a.reps, "runs": results, "summary": summaries}, f, indent=1)
+    return 1 if bad or raw_failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
