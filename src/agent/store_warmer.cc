@@ -1,13 +1,12 @@
 #include "agent/store_warmer.h"
 
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <utility>
 
 #include "rayfabric/log.h"
@@ -18,10 +17,19 @@ namespace {
 constexpr size_t kBitsPerWord = 64;
 // Pages looked at between two checks of `busy`.
 constexpr uint64_t kWindowBytes = 64ULL << 20;
-// Pages mapped per system call: the call holds this process's mmap lock for reading, and the
-// warmer runs at the lowest priority, so a thread that must change the mappings (an mmap by
-// malloc) never waits long behind it.
-constexpr size_t kPopulateBytes = 4ULL << 20;
+// Pages mapped per system call: the call holds this process's mmap lock for reading, so a thread
+// that must change the mappings (an mmap by malloc) waits at most for this much (~0.3 ms); `busy`
+// and a waiting Remove are checked between two calls.
+constexpr size_t kPopulateBytes = 1ULL << 20;
+constexpr long kTmpfsMagic = 0x01021994;  // TMPFS_MAGIC (linux/magic.h)
+
+// Only tmpfs files (/dev/shm, Ray's default) are warmed in the background: they tell which pages
+// exist without touching a disk, and mapping their pages writes nothing back. On a disk file
+// (Ray's store under /tmp) a writable mapping of a clean page dirties it for writeback.
+bool WarmableFile(int fd) {
+  struct statfs fs {};
+  return fd >= 0 && ::fstatfs(fd, &fs) == 0 && static_cast<long>(fs.f_type) == kTmpfsMagic;
+}
 }  // namespace
 
 StoreWarmer::StoreWarmer(Options options, std::function<bool()> busy)
@@ -48,7 +56,7 @@ void StoreWarmer::Add(uint8_t* base, size_t size, int fd) {
   Segment seg;
   seg.base = base;
   seg.size = size;
-  seg.fd = options_.background && fd >= 0 ? ::dup(fd) : -1;
+  seg.fd = options_.background && WarmableFile(fd) ? ::dup(fd) : -1;
   seg.mapped.assign((size / page_ + kBitsPerWord - 1) / kBitsPerWord, 0);
   segments_.emplace(base, std::move(seg));
   added_ = true;
@@ -56,7 +64,7 @@ void StoreWarmer::Add(uint8_t* base, size_t size, int fd) {
 }
 
 void StoreWarmer::Remove(uint8_t* base) {
-  ++waiting_;                                  // the step under way ends at its next 4 MiB
+  ++waiting_;                                  // the step under way ends at its next 1 MiB
   std::lock_guard<std::mutex> step(step_mu_);  // no background step is mapping its pages now
   --waiting_;
   std::lock_guard<std::mutex> lock(mu_);
@@ -92,12 +100,20 @@ std::vector<std::pair<size_t, size_t>> StoreWarmer::Unmapped(const Segment& seg,
   return runs;
 }
 
+void StoreWarmer::Unmark(Segment& seg, size_t first, size_t last) {
+  for (size_t p = first; p < last; ++p) {
+    seg.mapped[p / kBitsPerWord] &= ~(1ULL << (p % kBitsPerWord));
+  }
+}
+
 void StoreWarmer::Mark(Segment& seg, size_t first, size_t last) {
   for (size_t p = first; p < last; ++p) seg.mapped[p / kBitsPerWord] |= 1ULL << (p % kBitsPerWord);
 }
 
 Status StoreWarmer::Populate(uint8_t* addr, size_t length) {
   if (length == 0) return Status::OK();
+  // warm_store=false: every pull maps its replica's pages itself, nothing remembered.
+  if (!options_.background) return PopulateForWrite(addr, length);
   std::vector<std::pair<size_t, size_t>> runs;
   uint8_t* base = nullptr;
   size_t first = 0, last = 0;
@@ -114,14 +130,21 @@ Status StoreWarmer::Populate(uint8_t* addr, size_t length) {
     last =
         std::min(seg.size / page_, (static_cast<size_t>(addr - base) + length + page_ - 1) / page_);
     runs = Unmapped(seg, first, last);
+    // Marked before they are mapped, so that the background does not map them a second time
+    // meanwhile; unmarked again if mapping fails.
+    Mark(it->second, first, last);
   }
   for (const auto& [offset, bytes] : runs) {
-    RF_RETURN_IF_ERROR(PopulateForWrite(base + offset, bytes));
+    Status s = PopulateForWrite(base + offset, bytes);
+    if (s.ok()) continue;
+    // A caller's range lies inside a replica it holds: its segment cannot be unmapped meanwhile.
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = segments_.find(base);
+    if (it != segments_.end()) {
+      for (const auto& [off, len] : runs) Unmark(it->second, off / page_, (off + len) / page_);
+    }
+    return s;
   }
-  // A caller's range lies inside a replica it holds: its segment cannot be unmapped meanwhile.
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = segments_.find(base);
-  if (it != segments_.end()) Mark(it->second, first, last);
   return Status::OK();
 }
 
@@ -157,7 +180,8 @@ StoreWarmer::StepResult StoreWarmer::Step() {
         // Skip the file's holes (pages nobody allocated) without looking at them page by page.
         off_t data = ::lseek(seg.fd, static_cast<off_t>(seg.cursor), SEEK_DATA);
         if (data < 0 && errno != ENXIO) data = static_cast<off_t>(seg.cursor);
-        if (data < 0 || static_cast<size_t>(data) >= seg.size) {
+        // Past the last whole page counts as the end (a partial last page is never warmed).
+        if (data < 0 || static_cast<size_t>(data) / page_ >= seg.size / page_) {
           seg.cursor = 0;  // a pass over this segment is complete
           wrapped = true;
           continue;
@@ -175,19 +199,33 @@ StoreWarmer::StepResult StoreWarmer::Step() {
         resident.resize(bytes / page_);
         if (::mincore(base + offset, bytes, resident.data()) != 0) continue;
         size_t p = 0;
-        while (p < resident.size() && waiting_ == 0) {
+        while (p < resident.size()) {
           if ((resident[p] & 1) == 0) {
             ++p;
             continue;
+          }
+          if (waiting_ > 0 || (busy_ && busy_())) {
+            // Cut short: this window is looked at again from its start in the next step.
+            std::lock_guard<std::mutex> lock(mu_);
+            auto it = segments_.find(base);
+            if (it != segments_.end()) it->second.cursor = from * page_;
+            result.pass_ended = false;
+            return result;
           }
           size_t q = p;
           while (q < resident.size() && (resident[q] & 1) && (q - p) * page_ < kPopulateBytes) ++q;
           Status s = PopulateForWrite(base + offset + p * page_, (q - p) * page_);
           if (!s.ok()) {
-            RF_LOG(kInfo, "the store's pages are not mapped ahead of pulls: " << s.message());
             std::lock_guard<std::mutex> lock(mu_);
-            failed_ = true;
-            return result;
+            if (warmed_ == 0) {  // never worked here (a kernel older than 5.14): give up once
+              RF_LOG(kInfo, "the store's pages are not mapped ahead of pulls: " << s.message());
+              failed_ = true;
+              return result;
+            }
+            RF_LOG(kDebug,
+                   "store warmer: skipped " << (q - p) * page_ << " bytes: " << s.message());
+            p = q;  // these pages stay unmarked; a pull maps them itself
+            continue;
           }
           std::lock_guard<std::mutex> lock(mu_);
           auto it = segments_.find(base);
@@ -195,6 +233,12 @@ StoreWarmer::StepResult StoreWarmer::Step() {
           warmed_ += (q - p) * page_;
           result.mapped += (q - p) * page_;
           p = q;
+          if (result.mapped >= options_.map_bytes_per_step) {
+            // Enough for one step: the rest of this window in the next one.
+            if (it != segments_.end()) it->second.cursor = (offset / page_ + q) * page_;
+            result.pass_ended = false;
+            return result;
+          }
         }
       }
     }
@@ -217,11 +261,6 @@ bool StoreWarmer::FileGrew() {
 }
 
 void StoreWarmer::Run() {
-  // The lowest priority (this thread alone): it uses cores nobody else wants, so on a busy node it
-  // takes nothing from Ray's own transfers or the workers.
-  if (setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19) != 0) {
-    RF_LOG(kDebug, "store warmer: setpriority: " << std::strerror(errno));
-  }
   // A page, once mapped here, stays mapped, even when the store reuses it for another object:
   // new work appears only when the file gains pages (its allocated blocks grow). So: one fstat
   // per interval, and a pass over the segments, step by step, after each growth.

@@ -24,29 +24,35 @@ namespace rayfabric::agent {
 class StoreWarmer {
  public:
   struct Options {
-    bool background = true;  // map pages others allocated, in idle time (else only remember)
+    bool background = true;  // map pages others allocated, in idle time (else: map per pull)
     // How often the store's files are checked for new pages (one fstat each).
     std::chrono::milliseconds interval{50};
-    uint64_t bytes_per_step = 512ULL << 20;  // of a file looked at between two checks
+    uint64_t bytes_per_step = 512ULL << 20;  // of a file looked at in one step
+    // Mapped in one step at most: ~10 ms of one core, so while it warms a store the warmer takes
+    // at most ~20% of a core from whatever else runs (Ray's own transfers included).
+    uint64_t map_bytes_per_step = 32ULL << 20;
   };
-  // `busy`: true while the agent moves bytes (a pull or a lease in flight); the warmer then waits,
-  // so that it never takes a core from a transfer. Its thread runs at the lowest priority (nice
-  // 19), so it takes little from anything else either (Ray's own transfers, the workers).
+  // `busy`: true while the agent moves bytes (a pull or a lease in flight); the warmer checks it
+  // between two 1 MiB steps and then waits, so that it takes no core from a transfer.
   StoreWarmer(Options options, std::function<bool()> busy);
   ~StoreWarmer();
   StoreWarmer(const StoreWarmer&) = delete;
   StoreWarmer& operator=(const StoreWarmer&) = delete;
 
   // A mapped store segment. Only files on tmpfs (/dev/shm, Ray's default) are warmed in the
-  // background: they say which pages exist (SEEK_DATA) without reading a disk, and warming them
-  // allocates nothing. Others (disk fallback files, hugetlbfs) are only remembered. The fd is
-  // duplicated; the caller keeps its own.
+  // background: they say which pages exist (SEEK_DATA) without reading a disk, and mapping their
+  // pages allocates and writes back nothing. Others (a store under /tmp on disk, hugetlbfs) are
+  // only remembered as pulls map them. The fd is duplicated; the caller keeps its own. Adding a
+  // base already known (the other store connection's view of the same mapping) does nothing.
   void Add(uint8_t* base, size_t size, int fd);
-  // Before the segment is unmapped: returns once no step of the warmer touches it.
+  // Before the segment is unmapped: returns once no step of the warmer touches it (a step under
+  // way stops at its next 1 MiB, well under a millisecond).
   void Remove(uint8_t* base);
   // Maps [addr, addr + length) writable in this process (PopulateForWrite), skipping the pages
   // already mapped through this warmer; remembers them. Ranges outside known segments are
-  // populated and not remembered.
+  // populated and not remembered; with background off, every range is populated in full. A page
+  // whose mapping the kernel dropped since (swap-out of the store) is not mapped again here: the
+  // write into it takes a fault, which costs time and nothing else.
   Status Populate(uint8_t* addr, size_t length);
   uint64_t bytes_warmed_in_background() const;
 
@@ -72,6 +78,7 @@ class StoreWarmer {
   std::vector<std::pair<size_t, size_t>> Unmapped(const Segment& seg, size_t first,
                                                   size_t last) const;
   void Mark(Segment& seg, size_t first, size_t last);
+  void Unmark(Segment& seg, size_t first, size_t last);
 
   const Options options_;
   const std::function<bool()> busy_;

@@ -50,10 +50,12 @@ const std::vector<ConfigEntry>& ConfigTable() {
       {"warm_store", "RAYFABRIC_WARM_STORE", "true",
        "agent: map into the agent, in idle time, the store's pages that this node's processes "
        "already use (a worker's put, an earlier replica), and remember which are mapped, so that "
-       "a replica written there takes no page fault and no mapping pass during its pull. Costs "
-       "the page tables of what is mapped (2 MiB per GiB of store used) and, while the store "
-       "changes, a few percent of a core, at the lowest priority, never while the agent moves "
-       "bytes. false: each pull maps its replica's pages itself."},
+       "a replica written there takes no page fault and no mapping pass during its pull. Only a "
+       "store on tmpfs (/dev/shm, Ray's default); nothing is allocated. Costs the page tables of "
+       "what is mapped (2 MiB per GiB of store used), and while new store memory comes into use "
+       "at most ~20% of a core, paused whenever the agent moves bytes. The agent's RSS then "
+       "counts the store pages it maps (shared memory, counted once by the system). false: each "
+       "pull maps its replica's pages itself."},
       {"exposure", "RAYFABRIC_EXPOSURE", "auto",
        "agent: what a lease exposes. 'object': a registration (and key) of the leased object's "
        "bytes only, revoked at release or expiry; 'arena': one registration of the store's whole "
