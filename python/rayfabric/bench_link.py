@@ -32,11 +32,7 @@ from rayfabric import bin_dir, netns
 MiB = 1 << 20
 RAW_PORT = 7311
 
-DRIVER = r"""
-import hashlib, json, os, sys, time
-import numpy as np, ray, rayfabric
-ray.init(address=sys.argv[1], logging_level="ERROR")
-cfg = json.loads(sys.argv[2])
+DRIVER = netns.PAIR_DRIVER_PRELUDE + r"""
 TICK = os.sysconf("SC_CLK_TCK")
 NETNS = {os.stat("/proc/self/ns/net").st_ino, os.stat("/var/run/netns/" + cfg["other_ns"]).st_ino}
 
@@ -62,14 +58,6 @@ def cpu_seconds_between(before, after):
     # (nothing reads their last times), which can only undercount.
     return sum(t - before.get(k, 0) for k, t in after.items()) / TICK
 
-@ray.remote(num_cpus=0, resources={"nB": 0.01})
-def make(nbytes, seed):
-    return np.random.default_rng(seed).integers(0, 256, size=nbytes, dtype=np.uint8)
-
-@ray.remote(num_cpus=0, resources={"nB": 0.01})
-def digest_at_source(refs):
-    return hashlib.sha256(ray.get(refs[0]).tobytes()).hexdigest()
-
 @ray.remote(num_cpus=0, resources={"nA": 0.01})
 def fetch(refs, how):
     import rayfabric as rf
@@ -80,8 +68,6 @@ def fetch(refs, how):
     pulled = rf.stats()["objects_pulled"] - before if how == "rayfabric" else 0
     return seconds, hashlib.sha256(v.tobytes()).hexdigest(), pulled
 
-nodes = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
-by_name = {("nA" if "nA" in n["Resources"] else "nB"): i for i, n in nodes.items()}
 rayfabric.init(node_env={by_name[k]: v for k, v in cfg["node_env"].items()}, watch_new_nodes=False)
 rows = []
 seed = 1000

@@ -22,28 +22,13 @@ from rayfabric import netns
 
 MiB = 1 << 20
 
-DRIVER = r"""
-import hashlib, json, sys, time
-import numpy as np, ray, rayfabric
-ray.init(address=sys.argv[1], logging_level="ERROR")
-cfg = json.loads(sys.argv[2])
-nodes = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
-by_name = {("nA" if "nA" in n["Resources"] else "nB"): i for i, n in nodes.items()}
-
+DRIVER = netns.PAIR_DRIVER_PRELUDE + r"""
 def rx():
     out = {}
     for dev in cfg["devices"]:
         with open(f"/sys/class/net/{dev}/statistics/rx_bytes") as f:
             out[dev] = int(f.read())
     return out
-
-@ray.remote(num_cpus=0, resources={"nB": 0.01})
-def make(nbytes, seed):
-    return np.random.default_rng(seed).integers(0, 256, size=nbytes, dtype=np.uint8)
-
-@ray.remote(num_cpus=0, resources={"nB": 0.01})
-def digest_at_source(refs):
-    return hashlib.sha256(ray.get(refs[0]).tobytes()).hexdigest()
 
 @ray.remote(num_cpus=0, resources={"nA": 0.01})
 def fetch(refs, how):

@@ -24,6 +24,27 @@ LINKS = (("rfa0", "rfb0", "198.51.100.1", "198.51.100.2"),
          ("rfa2", "rfb2", "198.18.0.1", "198.18.0.2"))
 
 
+# The start of a driver that NetnsPair.run_driver runs (in node A's namespace): Ray joined, the
+# configuration (argv[2]) read, nodes A and B by name, and the two tasks that make a fresh object on
+# node B and hash it there (what the benchmarks check every transfer against).
+PAIR_DRIVER_PRELUDE = r"""
+import hashlib, json, os, sys, time
+import numpy as np, ray, rayfabric
+ray.init(address=sys.argv[1], logging_level="ERROR")
+cfg = json.loads(sys.argv[2])
+nodes = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
+by_name = {("nA" if "nA" in n["Resources"] else "nB"): i for i, n in nodes.items()}
+
+@ray.remote(num_cpus=0, resources={"nB": 0.01})
+def make(nbytes, seed):
+    return np.random.default_rng(seed).integers(0, 256, size=nbytes, dtype=np.uint8)
+
+@ray.remote(num_cpus=0, resources={"nB": 0.01})
+def digest_at_source(refs):
+    return hashlib.sha256(ray.get(refs[0]).tobytes()).hexdigest()
+"""
+
+
 def sh(*args, check=True, timeout=120, env=None):
     out = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, env=env)
     if check and out.returncode != 0:
