@@ -440,9 +440,25 @@ def test_a_cancelled_pull_lets_go_at_once(cluster):
     assert wait_idle() == {}
 
 
+def _clear_stale_shm_regions():
+    """libfabric's shm provider names its region after the process id (/dev/shm/<pid>:<n>:<n>) and
+    a SIGKILLed process leaves it behind (tests kill agents): a later process that gets the same
+    pid (pid_max is 32768 here) then fails fi_enable with EBUSY. Removes those of dead processes."""
+    import re
+    for name in os.listdir("/dev/shm"):
+        m = re.fullmatch(r"(\d+):\d+:\d+", name)
+        if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
+
+
 def _start_agent_by_hand(cluster, extra_env, args, tmp_path):
     """rayfabricd on n0's real store, started by hand with `extra_env`; (exit code, first line)."""
     import subprocess
+    if "shm" in args:
+        _clear_stale_shm_regions()
     node = next(n for n in ray.nodes() if n["NodeID"] == cluster["nodes"]["n0"])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_USE_TLS", "RAY_TLS"))}
     env.update({"FI_MR_CACHE_MAX_COUNT": "0", **extra_env})
