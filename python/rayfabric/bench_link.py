@@ -28,6 +28,7 @@ import tempfile
 import time
 
 from rayfabric import bin_dir, netns
+from rayfabric.bench import parse_size
 
 MiB = 1 << 20
 RAW_PORT = 7311
@@ -88,14 +89,6 @@ print("RESULT " + json.dumps(rows))
 """
 
 
-def size_bytes(text):
-    text = text.strip().upper()
-    for suffix, scale in (("G", 1 << 30), ("M", MiB), ("K", 1 << 10)):
-        if text.endswith(suffix):
-            return int(float(text[:-1]) * scale)
-    return int(text)
-
-
 def raw_over_link(provider, sizes, iters):
     """rayfabric-bench between the two namespaces over link 0: fi_read per size and a TCP stream
     (GB/s), or {"error": why}."""
@@ -136,7 +129,7 @@ def summarize(rate, nbytes, rows, raw):
         med = statistics.median(r["seconds"] for r in timed)
         out[how] = {"seconds": med, "link_fraction": nbytes * 8 / med / link,
                     "cpu_s_per_gb": statistics.median(r["cpu_s"] / (nbytes / 1e9) for r in timed)}
-    read = (raw.get("read_gbytes") or {}).get(nbytes) or (raw.get("read_gbytes") or {}).get(str(nbytes))
+    read = (raw.get("read_gbytes") or {}).get(nbytes)
     out["raw_read_fraction"] = read * 8e9 / link if read else None
     out["raw_tcp_fraction"] = raw["tcp_gbytes"] * 8e9 / link if raw.get("tcp_gbytes") else None
     out["rf_vs_ray"] = out["ray"]["seconds"] / out["rayfabric"]["seconds"]
@@ -174,7 +167,7 @@ def main(argv=None):
     if a.quick:
         a.link, a.sizes, a.reps = "2gbit", "64M", 1
     rates = [r.strip() for r in a.link.split(",") if r.strip()]
-    sizes = [size_bytes(s) for s in a.sizes.split(",") if s.strip()]
+    sizes = [parse_size(s) for s in a.sizes.split(",") if s.strip()]
     for r in rates:
         netns.rate_bits(r)  # a clear error for a bad rate before anything starts
     why = netns.NetnsPair.available()
@@ -201,9 +194,7 @@ def main(argv=None):
                 print(f"  {rate}: raw ceiling not measured: {raw['error']}", flush=True)
             out = pair.run_driver(DRIVER, json.dumps(cfg), extra_env=extra, timeout=3600)
             rows = json.loads(next(l for l in out.splitlines() if l.startswith("RESULT "))[len("RESULT "):])
-            results.append({"link": rate, "raw": {k: v for k, v in raw.items() if k != "read_gbytes"} |
-                            {"read_gbytes": {str(k): v for k, v in (raw.get("read_gbytes") or {}).items()}},
-                            "rows": rows})
+            results.append({"link": rate, "raw": raw, "rows": rows})
             for nbytes in sizes:
                 summaries.append(summarize(rate, nbytes, rows, raw))
             print(f"  {rate}: done ({time.monotonic() - t0:.0f} s)", flush=True)

@@ -285,8 +285,7 @@ Agent::Agent(AgentOptions options, StorePtr serve_store, StorePtr pull_store,
       op_timeout_ms_(options_.config.GetInt("op_timeout_ms").value()),
       drain_timeout_ms_(options_.config.GetInt("drain_timeout_ms").value()) {
   StoreWarmer::Options warm;
-  auto warm_store = options_.config.GetBool("warm_store");
-  warm.background = !warm_store.ok() || *warm_store;
+  warm.background = options_.config.GetBool("warm_store").value();  // checked by Open
   warmer_ = std::make_unique<StoreWarmer>(warm, [this] {
     if (leases_.active() > 0) return true;  // peers may be reading this node's objects
     std::lock_guard<std::mutex> lock(in_flight_mu_);
