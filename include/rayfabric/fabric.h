@@ -44,6 +44,11 @@ struct ProviderProfile {
   // FI_ADDR_STR (shm: a name holding the process id): addresses differ in length between peers;
   // every other format has one fixed length, checked against this endpoint's own.
   bool string_address = false;
+  // The provider names a shared resource of each endpoint after the endpoint's source address,
+  // by default the process id (shm: its region /dev/shm/<pid>:<uid>:<n>, which a SIGKILLed
+  // process leaves behind; a later process given the same pid then fails fi_enable with EBUSY).
+  // The engine gives each such endpoint a source address of its own that no process repeats.
+  bool names_endpoint_by_pid = false;
 
   // Key lifetime, decided once from the provider's name and the user's FI_* variables (read,
   // never set; see ProfileFromInfo). The lease design relies on these: a descriptor handed out for

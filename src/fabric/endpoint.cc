@@ -1,14 +1,23 @@
 // The endpoint side of the engine: fabric and domain, the endpoint set (endpoint, address vector,
 // completion queue), its reset, and the peers in the address vector.
+#include <dirent.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
+#include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <random>
 
 #include "fabric/engine_core.h"
 #include "fabric/fabric_error.h"
@@ -28,6 +37,82 @@ std::string HumanBytes(uint64_t n) {
   std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
   return buf;
 }
+
+namespace {
+
+// The pid namespace's inode: a process id means something only within its namespace, and
+// /dev/shm may be shared across namespaces (containers with the host's IPC namespace).
+std::string PidNamespace() {
+  struct stat st {};
+  if (stat("/proc/self/ns/pid", &st) != 0) return "0";
+  return std::to_string(static_cast<unsigned long long>(st.st_ino));
+}
+
+constexpr const char* kEndpointNamePrefix = "rayfabric-";
+
+// A number drawn at random once per process: with the process id, it names this process among
+// all that had its pid.
+uint64_t ProcessSalt() {
+  static const uint64_t salt = [] {
+    std::random_device random;
+    return (static_cast<uint64_t>(random()) << 32) ^ random();
+  }();
+  return salt;
+}
+
+// "rayfabric-<pid namespace>-<pid>-<salt>-": what every endpoint name of this process starts with.
+std::string ProcessEndpointPrefix(pid_t pid, uint64_t salt) {
+  char prefix[128];
+  std::snprintf(prefix, sizeof(prefix), "%s%s-%d-%016llx-", kEndpointNamePrefix,
+                PidNamespace().c_str(), static_cast<int>(pid),
+                static_cast<unsigned long long>(salt));
+  return prefix;
+}
+
+// A source address no process repeats, in the scheme of the provider's own ("fi_shm://"): the
+// process's prefix and a count of its endpoints.
+std::string UniqueEndpointName(const struct fi_info& info) {
+  std::string scheme;
+  if (info.src_addr != nullptr && info.src_addrlen > 0) {
+    const char* own = static_cast<const char*>(info.src_addr);
+    const std::string name(own, strnlen(own, info.src_addrlen));
+    const size_t end = name.find("://");
+    if (end != std::string::npos) scheme = name.substr(0, end + 3);
+  }
+  static std::atomic<uint64_t> endpoints{0};
+  return scheme + ProcessEndpointPrefix(getpid(), ProcessSalt()) +
+         std::to_string(endpoints.fetch_add(1));
+}
+
+// The regions of endpoints named above whose process is gone (SIGKILLed: the provider's own
+// cleanup runs on SIGTERM and SIGINT only), removed once per process: each holds a few MiB of
+// /dev/shm. Only names of this pid namespace whose process id no longer exists in it, or is this
+// process's own under another salt (a process that had this pid before).
+void RemoveRegionsOfDeadProcesses() {
+  const std::string in_namespace = kEndpointNamePrefix + PidNamespace() + "-";
+  const std::string mine = ProcessEndpointPrefix(getpid(), ProcessSalt());
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return;
+  size_t removed = 0;
+  while (const struct dirent* entry = readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name.compare(0, in_namespace.size(), in_namespace) != 0) continue;
+    if (name.compare(0, mine.size(), mine) == 0) continue;
+    const long pid = std::strtol(name.c_str() + in_namespace.size(), nullptr, 10);
+    if (pid <= 0) continue;
+    const bool dead = pid == getpid() || (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
+    if (dead && unlinkat(dirfd(dir), name.c_str(), 0) == 0) ++removed;
+  }
+  closedir(dir);
+  if (removed > 0) {
+    RF_LOG(kInfo, "removed " << removed
+                             << " shared-memory region(s) of rayfabric endpoints whose process "
+                                "was killed (/dev/shm/"
+                             << in_namespace << "*)");
+  }
+}
+
+}  // namespace
 
 EngineCore::~EngineCore() {
   if (wake_fd_ >= 0) close(wake_fd_);
@@ -104,7 +189,23 @@ Status EngineCore::OpenEndpointLocked(EndpointSet& set) {
   ret = fi_av_open(domain_.get(), &av_attr, set.av.out(), nullptr);
   if (ret) return FabricStatus(ret, "fi_av_open(" + where + ")");
 
-  ret = fi_endpoint(domain_.get(), info_.get(), set.ep.out(), nullptr);
+  // A provider that would name the endpoint's shared resource after the process id (shm) gets a
+  // name of its own: a region a killed process left under this pid would fail fi_enable (EBUSY).
+  std::unique_ptr<struct fi_info, InfoDeleter> named;
+  struct fi_info* endpoint_info = info_.get();
+  if (profile_.names_endpoint_by_pid) {
+    static std::once_flag swept;
+    std::call_once(swept, RemoveRegionsOfDeadProcesses);
+    named.reset(fi_dupinfo(info_.get()));
+    const std::string name = UniqueEndpointName(*info_);
+    char* address = named ? strdup(name.c_str()) : nullptr;
+    if (address == nullptr) return ResourceExhausted("no memory to name an endpoint of " + where);
+    free(named->src_addr);
+    named->src_addr = address;
+    named->src_addrlen = name.size() + 1;
+    endpoint_info = named.get();
+  }
+  ret = fi_endpoint(domain_.get(), endpoint_info, set.ep.out(), nullptr);
   if (ret) return FabricStatus(ret, "fi_endpoint(" + where + ")");
   ret = fi_ep_bind(set.ep.get(), &set.av.get()->fid, 0);
   if (ret) return FabricStatus(ret, "fi_ep_bind(av)");

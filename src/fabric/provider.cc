@@ -148,6 +148,7 @@ void DecideKeyLifetime(ProviderProfile& p) {
         "shm never checks RMA keys (process_vm_readv/writev): any same-host peer with the address "
         "can access the memory while it is mapped, registered or not";
     p.access_note = "shm checks neither keys nor access (process_vm_readv/writev)";
+    p.names_endpoint_by_pid = true;
   } else if (core == "tcp" || core == "net" || core == "sockets") {
     p.deregistration_revokes_keys = true;
     p.key_lifetime = core + " verifies keys in its MR map; fi_close() removes them at once";

@@ -440,25 +440,9 @@ def test_a_cancelled_pull_lets_go_at_once(cluster):
     assert wait_idle() == {}
 
 
-def _clear_stale_shm_regions():
-    """libfabric's shm provider names its region after the process id (/dev/shm/<pid>:<n>:<n>) and
-    a SIGKILLed process leaves it behind (tests kill agents): a later process that gets the same
-    pid (pid_max is 32768 here) then fails fi_enable with EBUSY. Removes those of dead processes."""
-    import re
-    for name in os.listdir("/dev/shm"):
-        m = re.fullmatch(r"(\d+):\d+:\d+", name)
-        if m and not os.path.exists(f"/proc/{m.group(1)}"):
-            try:
-                os.unlink(os.path.join("/dev/shm", name))
-            except OSError:
-                pass
-
-
 def _start_agent_by_hand(cluster, extra_env, args, tmp_path):
     """rayfabricd on n0's real store, started by hand with `extra_env`; (exit code, first line)."""
     import subprocess
-    if "shm" in args:
-        _clear_stale_shm_regions()
     node = next(n for n in ray.nodes() if n["NodeID"] == cluster["nodes"]["n0"])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_USE_TLS", "RAY_TLS"))}
     env.update({"FI_MR_CACHE_MAX_COUNT": "0", **extra_env})
@@ -480,7 +464,8 @@ def _start_agent_by_hand(cluster, extra_env, args, tmp_path):
      "RAY_AUTH_TOKEN_PATH=/nonexistent/token cannot be read"),
     ({"RAY_USE_TLS": "1"}, [], "RAY_USE_TLS is set but RAY_TLS_SERVER_CERT is not"),
     ({}, ["--provider", "shm"], "RAYFABRIC_ALLOW_UNPROTECTED_MEMORY=true"),
-], ids=["exposure", "share", "auth-mode", "token-path", "tls-certs", "unprotected-provider"])
+    ({"RAYFABRIC_WARM_STORE": "maybe"}, [], "warm_store='maybe' is not a boolean (true/false)"),
+], ids=["exposure", "share", "auth-mode", "token-path", "tls-certs", "unprotected-provider", "warm-store"])
 def test_agent_refuses_bad_settings_at_start(cluster, extra_env, args, says, tmp_path):
     """Each setting the agent cannot honour stops it at start with one line that says what to
     change (and the launcher reports that line)."""

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -614,6 +615,69 @@ TEST(FabricAddressTest, RoundTripsAndRefusesTruncation) {
         << cut;
   }
   EXPECT_EQ(fabric::FabricAddress::Parse(wire + "x").status().code(), StatusCode::kInvalidArgument);
+}
+
+std::set<std::string> ShmNames() {
+  std::set<std::string> names;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* entry = readdir(d)) {
+      if (entry->d_name[0] != '.') names.insert(entry->d_name);
+    }
+    closedir(d);
+  }
+  return names;
+}
+
+// libfabric's shm names an endpoint's region after its source address, by default the process
+// id (/dev/shm/<pid>:<uid>:<n>), and records its owner's pid in it. A SIGKILLed process leaves its
+// region behind, and a later process given the same pid failed fi_enable with EBUSY (seen in CI,
+// where pid_max is 32768). Played for real: a peer is killed, and the next peer is started under
+// the same pid (steered with ns_last_pid, as checkpoint/restore tools do; root only). It must
+// open and serve a read, and the killed peer's region must be gone from /dev/shm.
+TEST_F(FabricProcessTest, APeerGivenAKilledPeersPidOpensServesAndRemovesItsRegion) {
+  if (SharedEngine().profile().provider != "shm") GTEST_SKIP() << "only shm names regions by pid";
+  const std::set<std::string> before = ShmNames();
+  auto killed = StartPeer(4096, 5);
+  ASSERT_TRUE(killed->ready());
+  const pid_t pid = killed->pid();
+  std::vector<std::string> left;
+  for (const std::string& name : ShmNames()) {
+    if (before.count(name) == 0) left.push_back(name);
+  }
+  killed->Kill();
+  ASSERT_FALSE(left.empty()) << "the shm peer made no region in /dev/shm";
+  for (const std::string& name : left) {
+    ASSERT_EQ(access(("/dev/shm/" + name).c_str(), F_OK), 0) << name << ": SIGKILL left nothing";
+  }
+
+  std::unique_ptr<PeerProcess> again;
+  for (int attempt = 0; attempt < 10 && !again; ++attempt) {
+    {
+      std::ofstream last_pid("/proc/sys/kernel/ns_last_pid");
+      last_pid << pid - 1;
+      last_pid.close();
+      if (!last_pid) GTEST_SKIP() << "cannot choose the next pid here (ns_last_pid needs root)";
+    }
+    auto peer = std::make_unique<PeerProcess>(g_self, 1 << 20, 6, PeerEnv());
+    if (peer->pid() == pid || (!peer->ready() && peer->pid() == -1)) again = std::move(peer);
+  }
+  if (!again) GTEST_SKIP() << "other processes took pid " << pid << " first, 10 times";
+  ASSERT_EQ(again->pid(), pid);
+  ASSERT_TRUE(again->ready()) << again->error();
+
+  Engine& e = SharedEngine();
+  auto id = e.AddPeer(again->address());
+  ASSERT_TRUE(id.ok()) << id.status();
+  Buffer local(1 << 20);
+  auto mr = e.Register(local.data(), local.size());
+  ASSERT_TRUE(mr.ok()) << mr.status();
+  Status s = e.Read(*id, again->region(), 0, *mr, local.data(), local.size());
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(FirstMismatch(local.data(), local.size(), 6, 0), -1);
+  for (const std::string& name : left) {
+    EXPECT_NE(access(("/dev/shm/" + name).c_str(), F_OK), 0)
+        << name << ": the killed peer's region is still in /dev/shm";
+  }
 }
 
 TEST_F(FabricProcessTest, ForgedDescriptorsFailWithoutTouchingOtherMemory) {

@@ -115,8 +115,9 @@ def test_regions_belong_to_their_engine_and_waits_are_bounded(pair):
 
 
 def test_shm_peers_whose_names_differ_in_length_read_each_other():
-    # shm names carry the process id and an endpoint index ("fi_shm://31052:0:9" vs "...:0:10"):
-    # peers' addresses differ in length (FI_ADDR_STR), unlike every fixed-size format.
+    # shm names carry an endpoint index (the engine names them "fi_shm://rayfabric-<pid namespace>-
+    # <pid>-<salt>-<n>", then shm appends ":<uid>:<n>"): peers' addresses differ in length
+    # (FI_ADDR_STR), unlike every fixed-size format.
     opts = {"provider": "shm", "allow_unprotected_memory": "true", "max_rails": "1"}
     engines = [f.open_all(opts, "")[0] for _ in range(11)]
     short, long_ = engines[0], engines[-1]
