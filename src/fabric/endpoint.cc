@@ -13,9 +13,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <random>
 
@@ -40,11 +42,11 @@ std::string HumanBytes(uint64_t n) {
 
 namespace {
 
-// The pid namespace's inode: a process id means something only within its namespace, and
-// /dev/shm may be shared across namespaces (containers with the host's IPC namespace).
+// The pid namespace's inode, "" when unknown: a process id means something only within its
+// namespace, and /dev/shm may be shared across namespaces (containers with the host's IPC).
 std::string PidNamespace() {
   struct stat st {};
-  if (stat("/proc/self/ns/pid", &st) != 0) return "0";
+  if (stat("/proc/self/ns/pid", &st) != 0) return "";
   return std::to_string(static_cast<unsigned long long>(st.st_ino));
 }
 
@@ -54,8 +56,16 @@ constexpr const char* kEndpointNamePrefix = "rayfabric-";
 // all that had its pid.
 uint64_t ProcessSalt() {
   static const uint64_t salt = [] {
-    std::random_device random;
-    return (static_cast<uint64_t>(random()) << 32) ^ random();
+    uint64_t mixed =
+        static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    try {
+      std::random_device random;
+      mixed ^= (static_cast<uint64_t>(random()) << 32) ^ random();
+    } catch (const std::exception&) {
+      // No entropy source: the clock at first use still tells this process from an earlier one
+      // that had its pid.
+    }
+    return mixed;
   }();
   return salt;
 }
@@ -63,8 +73,9 @@ uint64_t ProcessSalt() {
 // "rayfabric-<pid namespace>-<pid>-<salt>-": what every endpoint name of this process starts with.
 std::string ProcessEndpointPrefix(pid_t pid, uint64_t salt) {
   char prefix[128];
+  const std::string pid_namespace = PidNamespace();
   std::snprintf(prefix, sizeof(prefix), "%s%s-%d-%016llx-", kEndpointNamePrefix,
-                PidNamespace().c_str(), static_cast<int>(pid),
+                pid_namespace.empty() ? "unknown" : pid_namespace.c_str(), static_cast<int>(pid),
                 static_cast<unsigned long long>(salt));
   return prefix;
 }
@@ -89,6 +100,8 @@ std::string UniqueEndpointName(const struct fi_info& info) {
 // /dev/shm. Only names of this pid namespace whose process id no longer exists in it, or is this
 // process's own under another salt (a process that had this pid before).
 void RemoveRegionsOfDeadProcesses() {
+  // Without the namespace a pid says nothing: another namespace's live process may hold it.
+  if (PidNamespace().empty()) return;
   const std::string in_namespace = kEndpointNamePrefix + PidNamespace() + "-";
   const std::string mine = ProcessEndpointPrefix(getpid(), ProcessSalt());
   DIR* dir = opendir("/dev/shm");

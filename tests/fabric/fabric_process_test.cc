@@ -640,9 +640,12 @@ TEST_F(FabricProcessTest, APeerGivenAKilledPeersPidOpensServesAndRemovesItsRegio
   auto killed = StartPeer(4096, 5);
   ASSERT_TRUE(killed->ready());
   const pid_t pid = killed->pid();
-  std::vector<std::string> left;
+  std::vector<std::string> left;  // the killed peer's: "rayfabric-<pid namespace>-<pid>-..."
   for (const std::string& name : ShmNames()) {
-    if (before.count(name) == 0) left.push_back(name);
+    if (before.count(name) == 0 && name.rfind("rayfabric-", 0) == 0 &&
+        name.find("-" + std::to_string(pid) + "-") != std::string::npos) {
+      left.push_back(name);
+    }
   }
   killed->Kill();
   ASSERT_FALSE(left.empty()) << "the shm peer made no region in /dev/shm";
