@@ -26,6 +26,7 @@ NodeAffinitySchedulingStrategy on distinct alive nodes; agents started with rayf
 stopped at the end only if this run started them). The package directory must be at the same path
 on every host (workers get it through runtime_env PYTHONPATH)."""
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -40,7 +41,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import rayfabric
-from rayfabric import _agents, api, bin_dir
+from rayfabric import _agents, api, bin_dir, hugepages
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_PROVIDER = "tcp;ofi_rxm"
@@ -340,6 +341,7 @@ class Bench:
         if a.locations_per_owner:
             self.notes.append("--locations-per-owner: consumers call Ray's get_object_locations once per owner")
         self.failures = []
+        self.exit_stack = contextlib.ExitStack()
 
     # ---------------------------------------------------------------- cluster
     def start(self):
@@ -358,12 +360,23 @@ class Bench:
             from ray.cluster_utils import Cluster
             os.environ.update(worker_env())  # raylets pass it on to the workers they start
             store = a.store_bytes
-            self.progress(f"starting a {a.nodes}-node local Ray cluster ({size_name(store)} store per node)")
+            on_pages = {i: {} for i in range(a.nodes)}
+            if a.huge_pages:
+                names = [f"n{i}" for i in range(a.nodes)]
+                pages = hugepages.pages_for_stores(store, a.nodes)
+                self.progress(f"reserving {pages} huge pages of 2 MiB and mounting hugetlbfs for {a.nodes} stores")
+                try:
+                    mounts = self.exit_stack.enter_context(hugepages.mounts(names, pages))
+                except hugepages.Unavailable as e:
+                    raise SystemExit(f"rayfabric bench --huge-pages: {e}") from e
+                on_pages = {i: {"plasma_directory": mounts[f"n{i}"], "huge_pages": True} for i in range(a.nodes)}
+            self.progress(f"starting a {a.nodes}-node local Ray cluster ({size_name(store)} store per node"
+                          f"{', on huge pages' if a.huge_pages else ''})")
             c = Cluster(initialize_head=True, head_node_args={
                 "num_cpus": 2, "resources": {"rfbench_n0": 1000}, "object_store_memory": store,
-                "include_dashboard": False})
+                "include_dashboard": False, **on_pages[0]})
             for i in range(1, a.nodes):
-                c.add_node(num_cpus=2, resources={f"rfbench_n{i}": 1000}, object_store_memory=store)
+                c.add_node(num_cpus=2, resources={f"rfbench_n{i}": 1000}, object_store_memory=store, **on_pages[i])
             self.cluster = c
             ray.init(address=c.address, logging_level="ERROR", log_to_driver=False, namespace="rayfabric-bench")
             c.wait_for_nodes()
@@ -433,9 +446,12 @@ class Bench:
             if self.started_agents:
                 rayfabric.shutdown()
         finally:
-            ray.shutdown()
-            if self.cluster is not None:
-                self.cluster.shutdown()
+            try:
+                ray.shutdown()
+                if self.cluster is not None:
+                    self.cluster.shutdown()
+            finally:
+                self.exit_stack.close()  # the huge pages and their mounts, once the raylets are gone
 
     # ---------------------------------------------------------------- measuring
     def cpu_snapshot(self, nodes):
@@ -888,6 +904,9 @@ def build_parser():
     p.add_argument("--fan-consumers", type=int, default=4)
     p.add_argument("--fan-reps", type=int)
     p.add_argument("--nodes", type=int, default=3, help="nodes of the embedded cluster (default 3)")
+    p.add_argument("--huge-pages", action="store_true",
+                   help="the embedded cluster's plasma stores on 2 MiB huge pages (a hugetlbfs mount per node; needs "
+                        "root; the pages and mounts are given back at exit)")
     p.add_argument("--store", help="object store per node of the embedded cluster (default: from the sizes)")
     p.add_argument("--touch", help="bytes of each node's store to fault in before timing (default 2 x the "
                                    "largest transfer, at most 2G; 0: none)")
@@ -904,6 +923,9 @@ def build_parser():
 
 def resolve(a):
     q = a.quick
+    if a.huge_pages and a.address:
+        raise SystemExit("--huge-pages applies to the embedded cluster: a cluster started with `ray start` cannot "
+                         "put its stores on huge pages (only RayParams, e.g. ray.cluster_utils.Cluster, can)")
     a.sizes = [parse_size(s) for s in (a.sizes or ("1M,64M,256M" if q else "64K,1M,16M,256M,1G")).split(",") if s]
     a.kinds = [k for k in (a.kinds or ("numpy" if q else "numpy,bytes")).split(",") if k]
     for k in a.kinds:
@@ -979,7 +1001,8 @@ def main(argv=None):
     doc = {"meta": {"command": "rayfabric bench " + " ".join(argv if argv is not None else sys.argv[1:]),
                     "started": time.strftime("%Y-%m-%d %H:%M:%S"), "load_before": os.getloadavg(),
                     "machine": machine(), "quick": a.quick, "cluster": "address " + a.address if a.address else
-                    f"embedded ray.cluster_utils.Cluster, {a.nodes} nodes on this host"},
+                    f"embedded ray.cluster_utils.Cluster, {a.nodes} nodes on this host"
+                    + (", plasma stores on 2 MiB huge pages" if a.huge_pages else "")},
            "ceilings": {}, "results": [], "rows": [], "notes": []}
     if not a.no_ceiling:
         for p in a.providers:

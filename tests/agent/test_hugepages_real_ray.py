@@ -29,9 +29,6 @@ their directories are restored by a janitor process whatever happens (teardown, 
 import hashlib
 import os
 import re
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -42,6 +39,7 @@ from ray.cluster_utils import Cluster
 
 import rayfabric
 from rayfabric import doctor
+from rayfabric import hugepages as rayfabric_hugepages
 
 from ray_test_cluster import node_ids, on, produce, use_this_checkout
 
@@ -52,7 +50,6 @@ STORE = 512 * MiB
 # Ray maps round_up(STORE, 1 GiB) + 8 bytes per store on huge pages (see above): 513 pages here.
 PAGES_PER_STORE = -(-STORE // GiB) * (GiB // HUGE_PAGE) + 1
 PAGES_WANTED = len(NODES) * PAGES_PER_STORE + 64  # + slack
-NR_HUGEPAGES = "/proc/sys/vm/nr_hugepages"
 # A tiny one (under a huge page, odd size), exactly one huge page, one that crosses many huge pages
 # and is not a multiple of 2 MiB, one that crosses several 64 MiB registration slices.
 SIZES = [200 * KiB + 7, 2 * MiB, 64 * MiB + 12345, 150 * MiB + 3]
@@ -60,10 +57,7 @@ NODE_ENV = {"n0": {"RAYFABRIC_EXPOSURE": "arena"}, "n1": {"RAYFABRIC_EXPOSURE": 
 AGENT_ENV = {"RAYFABRIC_OP_TIMEOUT_MS": "60000", "RAYFABRIC_MAX_REGISTRATION": "64M"}
 
 
-def meminfo():
-    """HugePages_* counts (pages) and Hugepagesize (bytes) from /proc/meminfo."""
-    mi = doctor.parse_meminfo(Path("/proc/meminfo").read_text())
-    return {k: mi.get(k, 0) for k in ("HugePages_Total", "HugePages_Free", "HugePages_Rsvd", "Hugepagesize")}
+meminfo = rayfabric_hugepages.meminfo
 
 
 def committed_pages(mi):
@@ -99,67 +93,15 @@ def hugetlb_mappings(pid, under):
     return out
 
 
-# Undoes what the `hugepages` fixture did once its stdin reaches EOF: when the fixture closes it
-# (teardown), and equally when the test process dies however it dies (a runner's timeout, SIGKILL,
-# an abort in Ray's shutdown after SIGTERM, measured), since it runs in a session of its own.
-# Unmounts (waiting for the last raylet/agent to let go, lazily after 60 s), removes the mount
-# points and puts vm.nr_hugepages back.
-JANITOR = r"""
-import os, subprocess, sys, time
-sys.stdin.read()
-nr_hugepages, original, dirs = sys.argv[1], sys.argv[2], sys.argv[3:]
-deadline = time.monotonic() + 60
-for d in dirs:
-    while os.path.ismount(d) and subprocess.run(["umount", d], capture_output=True).returncode != 0:
-        if time.monotonic() > deadline:
-            subprocess.run(["umount", "-l", d], capture_output=True)
-            break
-        time.sleep(0.5)
-    try:
-        os.rmdir(d)
-    except OSError:
-        pass
-with open(nr_hugepages, "w") as f:
-    f.write(original)
-"""
-
-
 @pytest.fixture(scope="module")
 def hugepages():
-    """{node name: hugetlbfs mount}, with PAGES_WANTED more 2 MiB pages reserved; undone afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root: reserves huge pages (/proc/sys/vm/nr_hugepages) and mounts hugetlbfs")
-    if "hugetlbfs" not in Path("/proc/filesystems").read_text():
-        pytest.skip("this kernel has no hugetlbfs")
-    if meminfo()["Hugepagesize"] != HUGE_PAGE:
-        pytest.skip(f"default huge page size is {meminfo()['Hugepagesize']} bytes, not 2 MiB")
+    """{node name: hugetlbfs mount}, with PAGES_WANTED more 2 MiB pages reserved; undone afterwards
+    (rayfabric.hugepages: a janitor process restores them however this process ends)."""
     try:
-        original = int(Path(NR_HUGEPAGES).read_text())
-    except (OSError, ValueError) as e:
-        pytest.skip(f"cannot read {NR_HUGEPAGES}: {e}")
-    dirs = {name: tempfile.mkdtemp(prefix=f"rayfabric-hugetlbfs-{name}-") for name in NODES}
-    janitor = subprocess.Popen([sys.executable, "-c", JANITOR, NR_HUGEPAGES, str(original), *dirs.values()],
-                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
-    try:
-        try:
-            Path(NR_HUGEPAGES).write_text(str(original + PAGES_WANTED))
-        except OSError as e:
-            pytest.skip(f"cannot reserve huge pages ({NR_HUGEPAGES}): {e}")
-        mi = meminfo()
-        usable = mi["HugePages_Free"] - mi["HugePages_Rsvd"]
-        if usable < PAGES_WANTED:
-            pytest.skip(f"only {usable} of the {PAGES_WANTED} huge pages wanted are free after raising "
-                        f"nr_hugepages by {PAGES_WANTED} (memory too fragmented or too small)")
-        for d in dirs.values():
-            r = subprocess.run(["mount", "-t", "hugetlbfs", "-o", "pagesize=2M", "none", d],
-                               capture_output=True, text=True)
-            if r.returncode != 0:
-                pytest.skip(f"mount -t hugetlbfs failed: {(r.stderr or r.stdout).strip()}")
-        yield dirs
-    finally:
-        janitor.stdin.close()
-        janitor.wait(timeout=120)
+        with rayfabric_hugepages.mounts(NODES, PAGES_WANTED) as dirs:
+            yield dirs
+    except rayfabric_hugepages.Unavailable as e:
+        pytest.skip(str(e))
 
 
 def raylet_pids(c):
