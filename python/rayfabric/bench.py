@@ -375,9 +375,9 @@ class Bench:
             c = Cluster(initialize_head=True, head_node_args={
                 "num_cpus": 2, "resources": {"rfbench_n0": 1000}, "object_store_memory": store,
                 "include_dashboard": False, **on_pages[0]})
+            self.cluster = c  # shut down by shutdown() even if a later node fails to start
             for i in range(1, a.nodes):
                 c.add_node(num_cpus=2, resources={f"rfbench_n{i}": 1000}, object_store_memory=store, **on_pages[i])
-            self.cluster = c
             ray.init(address=c.address, logging_level="ERROR", log_to_driver=False, namespace="rayfabric-bench")
             c.wait_for_nodes()
             by_res = {}
@@ -447,9 +447,11 @@ class Bench:
                 rayfabric.shutdown()
         finally:
             try:
-                ray.shutdown()
-                if self.cluster is not None:
-                    self.cluster.shutdown()
+                try:
+                    ray.shutdown()
+                finally:
+                    if self.cluster is not None:
+                        self.cluster.shutdown()
             finally:
                 self.exit_stack.close()  # the huge pages and their mounts, once the raylets are gone
 
@@ -960,6 +962,11 @@ def resolve(a):
     if "fanout" in a.cases or "fanin" in a.cases:
         ceiling_sizes.add(a.fan_size)
     a.ceiling_sizes = sorted(ceiling_sizes)
+    if a.huge_pages:
+        try:  # before the ceilings are measured: a run that cannot have its huge pages ends at once
+            hugepages.check(hugepages.pages_for_stores(a.store_bytes, a.nodes))
+        except hugepages.Unavailable as e:
+            raise SystemExit(f"rayfabric bench --huge-pages: {e}") from e
     return a
 
 

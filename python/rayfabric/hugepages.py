@@ -20,11 +20,16 @@ NR_HUGEPAGES = "/proc/sys/vm/nr_hugepages"
 
 # Runs until its stdin reaches EOF: when `mounts` closes it, and equally when the caller dies,
 # since it runs in a session of its own. Unmounts (waiting for the last raylet or agent to let go,
-# lazily after 60 s), removes the mount points and puts vm.nr_hugepages back.
+# lazily after 60 s), removes the mount points, and takes back the pages `mounts` added (it says
+# how many on stdin, once the kernel has them): the current count less those, not the count seen
+# at the start, so that another user's reservation made meanwhile stays.
 _JANITOR = r"""
 import os, subprocess, sys, time
-sys.stdin.read()
-nr_hugepages, original, dirs = sys.argv[1], sys.argv[2], sys.argv[3:]
+added = 0
+for line in sys.stdin:
+    if line.startswith("added "):
+        added = int(line.split()[1])
+nr_hugepages, dirs = sys.argv[1], sys.argv[2:]
 deadline = time.monotonic() + 60
 for d in dirs:
     while os.path.ismount(d) and subprocess.run(["umount", d], capture_output=True).returncode != 0:
@@ -36,8 +41,11 @@ for d in dirs:
         os.rmdir(d)
     except OSError:
         pass
-with open(nr_hugepages, "w") as f:
-    f.write(original)
+if added > 0:
+    with open(nr_hugepages, "r+") as f:
+        now = int(f.read())
+        f.seek(0)
+        f.write(str(max(0, now - added)))
 """
 
 
@@ -57,29 +65,52 @@ def pages_for_stores(store_bytes: int, stores: int) -> int:
     return stores * doctor.plasma_hugepages(store_bytes, HUGE_PAGE) + 64
 
 
-@contextlib.contextmanager
-def mounts(names: Sequence[str], pages: int) -> Iterator[dict[str, str]]:
-    """{name: hugetlbfs mount point} for each name, with `pages` more 2 MiB pages reserved; undone on
-    exit. Raises Unavailable (before changing anything it could not undo) when this host cannot."""
+def check(pages: int = 0) -> None:
+    """Raises Unavailable unless this host can reserve `pages` huge pages and mount hugetlbfs (the
+    checks `mounts` makes before it changes anything)."""
     if os.geteuid() != 0:
         raise Unavailable("needs root: reserves huge pages (/proc/sys/vm/nr_hugepages) and mounts hugetlbfs")
     if "hugetlbfs" not in Path("/proc/filesystems").read_text():
         raise Unavailable("this kernel has no hugetlbfs")
     if meminfo()["Hugepagesize"] != HUGE_PAGE:
         raise Unavailable(f"the default huge page size is {meminfo()['Hugepagesize']} bytes, not 2 MiB")
+    available = doctor.parse_meminfo(Path("/proc/meminfo").read_text()).get("MemAvailable", 0)
+    margin = 2 << 30  # what the raylets, agents and workers themselves need
+    if pages * HUGE_PAGE > available - margin:
+        raise Unavailable(f"{pages} huge pages ({pages * HUGE_PAGE >> 20} MiB) do not fit in this host's available "
+                          f"memory ({available >> 20} MiB, {margin >> 20} MiB kept for the processes): use smaller "
+                          f"stores (--store) or fewer nodes")
+
+
+@contextlib.contextmanager
+def mounts(names: Sequence[str], pages: int) -> Iterator[dict[str, str]]:
+    """{name: hugetlbfs mount point} for each name, with `pages` more 2 MiB pages reserved; undone on
+    exit. Raises Unavailable (before changing anything it could not undo) when this host cannot."""
+    check(pages)
     try:
         original = int(Path(NR_HUGEPAGES).read_text())
     except (OSError, ValueError) as e:
         raise Unavailable(f"cannot read {NR_HUGEPAGES}: {e}") from e
-    dirs = {name: tempfile.mkdtemp(prefix=f"rayfabric-hugetlbfs-{name}-") for name in names}
-    janitor = subprocess.Popen([sys.executable, "-c", _JANITOR, NR_HUGEPAGES, str(original), *dirs.values()],
-                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
+    dirs: dict[str, str] = {}
+    try:
+        for name in names:
+            dirs[name] = tempfile.mkdtemp(prefix=f"rayfabric-hugetlbfs-{name}-")
+        janitor = subprocess.Popen([sys.executable, "-c", _JANITOR, NR_HUGEPAGES, *dirs.values()],
+                                   stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   start_new_session=True, text=True)
+    except BaseException:
+        for d in dirs.values():
+            os.rmdir(d)
+        raise
     try:
         try:
             Path(NR_HUGEPAGES).write_text(str(original + pages))
         except OSError as e:
             raise Unavailable(f"cannot reserve huge pages ({NR_HUGEPAGES}): {e}") from e
+        finally:
+            # What the kernel really added (it may find fewer free pages than asked for).
+            janitor.stdin.write(f"added {max(0, int(Path(NR_HUGEPAGES).read_text()) - original)}\n")
+            janitor.stdin.flush()
         mi = meminfo()
         usable = mi["HugePages_Free"] - mi["HugePages_Rsvd"]
         if usable < pages:

@@ -54,6 +54,7 @@ def test_without_root_nothing_is_changed_and_the_reason_is_given():
     cmd = [sys.executable, "-c", code]
     before = nr_hugepages()
     r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=60)
+    assert r.returncode == 0, r.stderr
     assert "UNAVAILABLE needs root: reserves huge pages" in r.stdout, (r.stdout, r.stderr)
     assert nr_hugepages() == before
 
@@ -118,3 +119,30 @@ def test_a_killed_owner_leaves_nothing_behind():
             p.wait()
     assert wait_until(lambda: not os.path.exists(mount) and nr_hugepages() == before), \
         (os.path.exists(mount), nr_hugepages(), before)
+
+
+def test_another_reservation_made_meanwhile_stays():
+    """What is given back is what was added, not the count seen at the start: pages another user
+    reserved while the mounts were up stay reserved."""
+    reserving()
+    before = nr_hugepages()
+    try:
+        with hugepages.mounts(["c"], 6):
+            Path(hugepages.NR_HUGEPAGES).write_text(str(nr_hugepages() + 3))  # someone else's
+    except hugepages.Unavailable as e:
+        pytest.skip(str(e))
+    finally:
+        after = nr_hugepages()
+        Path(hugepages.NR_HUGEPAGES).write_text(str(before))
+    assert after == before + 3, (before, after)
+
+
+def test_more_pages_than_memory_are_refused_before_anything_changes():
+    reserving()
+    before = nr_hugepages()
+    available = int(next(ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
+                         if ln.startswith("MemAvailable:"))) * 1024
+    with pytest.raises(hugepages.Unavailable, match="do not fit in this host's available memory"):
+        with hugepages.mounts(["d"], available // hugepages.HUGE_PAGE + 1):
+            pass
+    assert nr_hugepages() == before
