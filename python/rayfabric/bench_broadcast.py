@@ -15,8 +15,10 @@ Node 0 makes a fresh object per repetition; then every other node gets it, by:
 Time: from the start until the last node has the object (hashing excluded); every node's copy is
 checked by sha256 against node 0's, and a tree in which any pull fell back to Ray's path counts as a
 failure. Printed per path: median seconds, the aggregate rate (bytes
-delivered to all readers per second) as a multiple of one link, the ratio to Ray, and for the tree
-the sources each round used. --quick: 4 nodes, 32 MiB, one repetition (the CI form)."""
+delivered to all readers per second) as a multiple of one link, the ratio to Ray, CPU seconds per GB
+delivered (user+sys of every process in node 0's namespace, and in all the others together, less
+the sha256 of every copy; at 2 Gb/s a broadcast takes seconds, so the nodes' idle background work
+is in these too), and for the tree the sources each round used. --quick: 4 nodes, 32 MiB, one repetition (the CI form)."""
 import argparse
 import json
 import os
@@ -28,7 +30,7 @@ from rayfabric import netns
 
 MiB = 1 << 20
 
-DRIVER = r"""
+DRIVER = netns.CPU_DRIVER_HELPERS + r"""
 import hashlib, json, sys, time
 import numpy as np, ray, rayfabric
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -57,8 +59,12 @@ def fetch(refs, how):
     import rayfabric as rf
     v = ray.get(refs[0]) if how == "ray" else rf.get(refs[0], timeout=600)
     done = time.time()
-    return done, hashlib.sha256(v.tobytes()).hexdigest()
+    hashing = time.process_time()
+    digest = hashlib.sha256(v.tobytes()).hexdigest()
+    return done, digest, time.process_time() - hashing  # the check's CPU, not the transfer's
 
+# Node 0 (the source, the driver's own namespace) and every other node's namespace.
+NETNS = namespace_inodes({i: ns for i, ns in enumerate(cfg["namespaces"])})
 rayfabric.init(watch_new_nodes=False)
 rows, seed = [], 10
 for path in cfg["paths"]:
@@ -67,20 +73,25 @@ for path in cfg["paths"]:
         ref = make.options(scheduling_strategy=on(0)).remote(cfg["bytes"], seed)
         want = ray.get(fetch.options(scheduling_strategy=on(0)).remote([ref], "ray"))[1]
         rounds = None
+        cpu0 = cpu_ticks(NETNS)
         start = time.time()
         if path == "rayfabric tree":
             rounds = rayfabric.broadcast(ref, nodes=[node_of[i] for i in range(N)], timeout=600)
             end = time.time()  # every node holds a copy (by the fabric, or Ray's path if it fell back)
             got = ray.get([fetch.options(scheduling_strategy=on(i)).remote([ref], "ray") for i in range(1, N)])
-            got.append((end, want if all(p["pulled"] for r in rounds for p in r) else "a pull fell back"))
+            got.append((end, want if all(p["pulled"] for r in rounds for p in r) else "a pull fell back", 0.0))
             rounds = [[(index_of[p["source"]], index_of[p["destination"]], round(p["seconds"] or 0, 3),
                         p["pulled"]) for p in r] for r in rounds]
         else:
             how = "ray" if path == "ray" else "rf"
             got = ray.get([fetch.options(scheduling_strategy=on(i)).remote([ref], how) for i in range(1, N)])
             end = max(g[0] for g in got)
+        # Less the check of every copy (its sha256, measured by the task that hashed; all on the
+        # readers' nodes).
+        cpu = cpu_seconds_between(cpu0, cpu_ticks(NETNS))
         rows.append({"path": path, "rep": rep, "seconds": end - start, "ok": all(g[1] == want for g in got),
-                     "rounds": rounds})
+                     "rounds": rounds, "cpu_s_source": cpu[0],
+                     "cpu_s_others": sum(v for i, v in cpu.items() if i != 0) - sum(g[2] for g in got)})
         del ref
 print("RESULT " + json.dumps(rows))
 """
@@ -117,21 +128,27 @@ def main(argv=None):
         star.start()
         star.shape(a.link)
         out = star.run_driver(DRIVER, json.dumps({"bytes": nbytes, "reps": a.reps, "paths": PATHS,
-                                                  "nodes": a.nodes}),
+                                                  "nodes": a.nodes,
+                                                  "namespaces": [star.ns(i) for i in range(a.nodes)]}),
                               extra_env=extra, timeout=540 if a.quick else 3000)
     finally:
         star.stop()
     rows = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[len("RESULT "):])
     bad = [r for r in rows if not r["ok"]]
     delivered = (a.nodes - 1) * nbytes * 8
-    print(f"\n{'path':18s} {'median s':>9s} {'aggregate Gb/s':>15s} {'x one link':>11s} {'vs ray':>7s}")
+    delivered_gb = (a.nodes - 1) * nbytes / 1e9
+    print(f"\n{'path':18s} {'median s':>9s} {'aggregate Gb/s':>15s} {'x one link':>11s} {'vs ray':>7s} "
+          f"{'CPU s/GB node 0':>16s} {'others':>7s}")
     summary = {}
     for name in PATHS:
         timed = [r for r in rows if r["path"] == name and r["rep"] > 0]
         med = statistics.median(r["seconds"] for r in timed)
         summary[name] = med
         gbps = delivered / med / 1e9
-        print(f"{name:18s} {med:9.3f} {gbps:15.2f} {gbps * 1e9 / link_bits:10.2f}x {summary['ray'] / med:6.2f}x")
+        cpu_source = statistics.median(r["cpu_s_source"] for r in timed) / delivered_gb
+        cpu_others = statistics.median(r["cpu_s_others"] for r in timed) / delivered_gb
+        print(f"{name:18s} {med:9.3f} {gbps:15.2f} {gbps * 1e9 / link_bits:10.2f}x {summary['ray'] / med:6.2f}x "
+              f"{cpu_source:16.2f} {cpu_others:7.2f}")
     for r in rows:
         if r["rounds"] and r["rep"] > 0:
             print(f"tree rep {r['rep']}: " + "; ".join(

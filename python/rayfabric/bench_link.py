@@ -33,31 +33,8 @@ from rayfabric.bench import parse_size
 MiB = 1 << 20
 RAW_PORT = 7311
 
-DRIVER = netns.PAIR_DRIVER_PRELUDE + r"""
-TICK = os.sysconf("SC_CLK_TCK")
-NETNS = {os.stat("/proc/self/ns/net").st_ino, os.stat("/var/run/netns/" + cfg["other_ns"]).st_ino}
-
-def cpu_ticks():
-    # {(pid, start time): user+sys ticks} of every live process in the two namespaces (namespaces
-    # do not isolate PIDs).
-    out = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            if os.stat(f"/proc/{pid}/ns/net").st_ino not in NETNS:
-                continue
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            out[(pid, fields[19])] = int(fields[11]) + int(fields[12])
-        except (OSError, IndexError, ValueError):
-            continue  # exited while we looked
-    return out
-
-def cpu_seconds_between(before, after):
-    # Processes that started in between count whole; those that exited in between are lost
-    # (nothing reads their last times), which can only undercount.
-    return sum(t - before.get(k, 0) for k, t in after.items()) / TICK
+DRIVER = netns.PAIR_DRIVER_PRELUDE + netns.CPU_DRIVER_HELPERS + r"""
+NETNS = namespace_inodes({"A": None, "B": cfg["other_ns"]})
 
 @ray.remote(num_cpus=0, resources={"nA": 0.01})
 def fetch(refs, how):
@@ -78,9 +55,9 @@ for nbytes in cfg["sizes"]:
             seed += 1
             ref = make.remote(nbytes, seed)
             want = ray.get(digest_at_source.remote([ref]))
-            cpu0 = cpu_ticks()
+            cpu0 = cpu_ticks(NETNS)
             seconds, got, pulled = ray.get(fetch.remote([ref], how))
-            cpu = cpu_seconds_between(cpu0, cpu_ticks())
+            cpu = sum(cpu_seconds_between(cpu0, cpu_ticks(NETNS)).values())
             rows.append({"path": how, "bytes": nbytes, "rep": rep, "seconds": seconds, "cpu_s": cpu,
                          "ok": got == want, "pulled": pulled})
             del ref

@@ -45,6 +45,43 @@ def digest_at_source(refs):
 """
 
 
+# Driver code (a string, as above) that counts CPU per network namespace, for the benchmarks that
+# report CPU seconds per GB: namespace_inodes({label: namespace name or None for the driver's own})
+# -> {inode: label}; cpu_ticks(inodes) -> {label: {(pid, start time): user+sys ticks}} of every live
+# process in those namespaces (namespaces do not isolate PIDs, so /proc lists them all);
+# cpu_seconds_between(before, after) -> {label: seconds}. Processes that started in between count
+# whole; those that exited in between are lost (nothing reads their last times): it can only
+# undercount.
+CPU_DRIVER_HELPERS = r"""
+import os
+TICK = os.sysconf("SC_CLK_TCK")
+
+def namespace_inodes(labels):
+    return {os.stat("/proc/self/ns/net" if ns is None else "/var/run/netns/" + ns).st_ino: label
+            for label, ns in labels.items()}
+
+def cpu_ticks(inodes):
+    out = {label: {} for label in inodes.values()}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            label = inodes.get(os.stat(f"/proc/{pid}/ns/net").st_ino)
+            if label is None:
+                continue
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[label][(pid, fields[19])] = int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue  # exited while we looked
+    return out
+
+def cpu_seconds_between(before, after):
+    return {label: sum(t - before.get(label, {}).get(k, 0) for k, t in ticks.items()) / TICK
+            for label, ticks in after.items()}
+"""
+
+
 def sh(*args, check=True, timeout=120, env=None):
     out = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, env=env)
     if check and out.returncode != 0:
