@@ -136,7 +136,7 @@ def main(argv=None):
     rows = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[len("RESULT "):])
     bad = [r for r in rows if not r["ok"]]
     delivered = (a.nodes - 1) * nbytes * 8
-    delivered_gb = (a.nodes - 1) * nbytes / 1e9
+    delivered_gb = delivered / 8e9
     print(f"\n{'path':18s} {'median s':>9s} {'aggregate Gb/s':>15s} {'x one link':>11s} {'vs ray':>7s} "
           f"{'CPU s/GB node 0':>16s} {'others':>7s}")
     summary = {}

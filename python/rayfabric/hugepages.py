@@ -72,9 +72,10 @@ def check(pages: int = 0) -> None:
         raise Unavailable("needs root: reserves huge pages (/proc/sys/vm/nr_hugepages) and mounts hugetlbfs")
     if "hugetlbfs" not in Path("/proc/filesystems").read_text():
         raise Unavailable("this kernel has no hugetlbfs")
-    if meminfo()["Hugepagesize"] != HUGE_PAGE:
-        raise Unavailable(f"the default huge page size is {meminfo()['Hugepagesize']} bytes, not 2 MiB")
-    available = doctor.parse_meminfo(Path("/proc/meminfo").read_text()).get("MemAvailable", 0)
+    mi = doctor.parse_meminfo(Path("/proc/meminfo").read_text())
+    if mi.get("Hugepagesize") != HUGE_PAGE:
+        raise Unavailable(f"the default huge page size is {mi.get('Hugepagesize', 0)} bytes, not 2 MiB")
+    available = mi.get("MemAvailable", 0)
     margin = 2 << 30  # what the raylets, agents and workers themselves need
     if pages * HUGE_PAGE > available - margin:
         raise Unavailable(f"{pages} huge pages ({pages * HUGE_PAGE >> 20} MiB) do not fit in this host's available "

@@ -44,10 +44,14 @@ namespace {
 
 // The pid namespace's inode, "" when unknown: a process id means something only within its
 // namespace, and /dev/shm may be shared across namespaces (containers with the host's IPC).
-std::string PidNamespace() {
-  struct stat st {};
-  if (stat("/proc/self/ns/pid", &st) != 0) return "";
-  return std::to_string(static_cast<unsigned long long>(st.st_ino));
+// Read once: a process does not change its pid namespace.
+const std::string& PidNamespace() {
+  static const std::string inode = [] {
+    struct stat st {};
+    if (stat("/proc/self/ns/pid", &st) != 0) return std::string();
+    return std::to_string(static_cast<unsigned long long>(st.st_ino));
+  }();
+  return inode;
 }
 
 constexpr const char* kEndpointNamePrefix = "rayfabric-";
@@ -73,7 +77,7 @@ uint64_t ProcessSalt() {
 // "rayfabric-<pid namespace>-<pid>-<salt>-": what every endpoint name of this process starts with.
 std::string ProcessEndpointPrefix(pid_t pid, uint64_t salt) {
   char prefix[128];
-  const std::string pid_namespace = PidNamespace();
+  const std::string& pid_namespace = PidNamespace();
   std::snprintf(prefix, sizeof(prefix), "%s%s-%d-%016llx-", kEndpointNamePrefix,
                 pid_namespace.empty() ? "unknown" : pid_namespace.c_str(), static_cast<int>(pid),
                 static_cast<unsigned long long>(salt));
