@@ -36,6 +36,9 @@ _stats = {"objects_pulled": 0, "bytes_pulled": 0, "already_local": 0, "stood_asi
           "pulls_by_source": {},  # holder node id (hex) -> pulls asked of it (at most 256 nodes)
           "ray_path_small": 0, "ray_path_not_in_plasma": 0, "ray_path_spilled": 0, "fallbacks": 0,
           "fallback_reasons": {}, "already_here": 0, "claimed": 0,
+          # objects whose locations this process read from its own reference counter (it owns
+          # them): no round trip to an owner
+          "locations_owned": 0,
           # call arguments (rayfabric.args): asked of the destination's node, or not (why)
           "args_prefetch_asked": 0, "args_no_destination": 0, "args_no_agent": 0,
           "args_claim_waited": 0, "args_claim_timeouts": 0, "args_not_worth_a_pull": 0,
@@ -272,18 +275,34 @@ def _owner(core_worker, ref):
 
 
 def _locations(core_worker, refs, get_locations=None):
-    """ray.experimental.get_object_locations, one call per owner and at most 5,000 refs a call.
+    """Ray's object directory for `refs`: {ref: {"node_ids", "object_size", "did_spill"}}.
+    What this process owns is read from its own reference counter, without a round trip (Ray's
+    get_local_object_locations: the same record its owner RPC answers from). The rest:
+    ray.experimental.get_object_locations, one call per owner and at most 5,000 refs a call.
     Ray 2.60's GetLocationFromOwner can abort the calling worker ("std::future_error: Promise
     already satisfied") when one call spans several owners or 10,000-object batches: its count of
-    outstanding replies reaches zero before the last request is sent (docs/benchmarks.md)."""
+    outstanding replies reaches zero before the last request is sent (docs/benchmarks.md).
+    get_locations: replaces the owner RPC (the bench times it), and is then used for every ref."""
     groups = {}
     for ref in refs:
         groups.setdefault(core_worker.get_owner_address(ref), []).append(ref)
     out = {}
-    for group in groups.values():
+    me = _worker_id() if get_locations is None else None
+    for owner, group in groups.items():
+        if me is not None and pb.OwnerAddress.FromString(owner).worker_id == me:
+            _count("locations_owned", len(group))
+            out.update(ray.experimental.get_local_object_locations(group))
+            continue
         for i in range(0, len(group), 5000):
             out.update((get_locations or ray.experimental.get_object_locations)(group[i:i + 5000]))
     return out
+
+
+def _worker_id():
+    """This process's worker id (bytes), where Ray can read its own locations (else None)."""
+    if not hasattr(ray.experimental, "get_local_object_locations"):
+        return None
+    return bytes.fromhex(ray.get_runtime_context().get_worker_id())
 
 
 def _pull(refs, timeout, claim=False, answer_within_s=None, source_node=None):

@@ -2,13 +2,19 @@
 kinds of objects, in the same run, next to the raw fabric ceiling measured in that run.
 
     rayfabric bench [--quick] [--json FILE] [--plots DIR] [--address ADDR] [--provider NAME]
-                    [--all-providers] [--sizes 64K,1M,16M,256M,1G] [--cases single,many,fanout,fanin]
+                    [--all-providers] [--sizes 64K,1M,16M,256M,1G]
+                    [--cases single,owned,many,fanout,fanin]
 
 Cases (every one: fresh objects for each path and each repetition, so neither path finds a copy
 left by the other; the paths alternate rep by rep):
   single   one object from a producer actor on node S to a consumer actor on node D; numpy arrays
            and raw bytes; the consumer times only the get (ray.get, or rayfabric.get) of a ref it
-           received inside a list (so Ray does not resolve it as an argument)
+           received inside a list (so Ray does not resolve it as an argument); the producer owns
+           it (ray.put), the consumer borrows it
+  owned    as single, but the object is the result of the consumer's own call to the producer (made
+           on S, owned by the consumer): what a driver's ray.get of its own tasks' results is. Ray
+           answers an owner's get without asking another process where the object is, and so does
+           rayfabric (its own reference counter), so both paths' fixed cost is smaller than in single
   many     N objects of one size fetched by one consumer with one get of the list
   fanout   one object on S read at once by K consumers on the other nodes
   fanin    one consumer reading objects that live on two different nodes (one get of both)
@@ -46,7 +52,7 @@ from rayfabric import _agents, api, bin_dir, hugepages
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_PROVIDER = "tcp;ofi_rxm"
 ALL_PROVIDERS = ["tcp;ofi_rxm", "sockets", "shm"]
-CASES = ["single", "many", "fanout", "fanin"]
+CASES = ["single", "owned", "many", "fanout", "fanin"]
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -137,6 +143,12 @@ class Producer:
             del v
         return refs, digests
 
+    def make_one(self, kind, size, seed, verify):
+        """One object as this call's result (num_returns=2): in this node's store (above Ray's 100 KiB
+        inline limit) and owned by the caller; with its sha256 when asked."""
+        v = make_value(kind, size, seed)
+        return v, digest(v) if verify else ""
+
     def touch(self, nbytes):
         """Puts and frees one object of nbytes: the store's pages are faulted in once, before
         anything is timed (a long-running store is warm; a fresh one pays first-touch once)."""
@@ -202,6 +214,9 @@ def _instrument():
     _PHASES["timed_locations"] = timed("locations", ray.experimental.get_object_locations)
     _PHASES["timed_locations_per_owner"] = timed("locations", _per_owner(ray.experimental.get_object_locations))
     ray.experimental.get_object_locations = _PHASES["timed_locations"]
+    # An owner's own record (the "owned" case): rayfabric reads it without a round trip.
+    if hasattr(ray.experimental, "get_local_object_locations"):
+        ray.experimental.get_local_object_locations = timed("locations", ray.experimental.get_local_object_locations)
     AgentClient.pull = timed("pull_rpc", AgentClient.pull)
     api._ray_get = timed("local_get", api._ray_get)
     _PHASES["installed"] = True
@@ -229,6 +244,22 @@ class Consumer:
         import rayfabric.api as api
         api._agents_cache["at"] = 0.0
         return len(api._agent_records(refresh=True))
+
+    def own(self, producers, kind, size, count, seed, verify, timeout=600):
+        """Makes the objects of the "owned" case by this consumer's own calls to the producers (it owns
+        the results, as a driver owns its tasks' results) and holds them for fetch_held; returns their
+        sha256 as computed on the source when asked. Untimed: they exist before the get starts."""
+        calls = [p.make_one.options(num_returns=2).remote(kind, size, (seed * 7 + j) * 100003 + i, verify)
+                 for j, p in enumerate(producers) for i in range(count)]
+        self.held = [v for v, _ in calls]
+        ready, _ = ray.wait(self.held, num_returns=len(self.held), timeout=timeout, fetch_local=False)
+        if len(ready) != len(self.held):
+            raise TimeoutError(f"{len(self.held) - len(ready)} owned objects not made within {timeout} s")
+        return ray.get([d for _, d in calls], timeout=timeout) if verify else []
+
+    def fetch_held(self, path, verify, timeout=600):
+        refs, self.held = self.held, None
+        return self.fetch(refs, path, verify, timeout)
 
     def fetch(self, refs, path, verify, timeout=600):
         import rayfabric as rf
@@ -465,18 +496,26 @@ class Bench:
         got = ray.get(list(refs.values()))
         return {n: sum(v.values()) for n, v in zip(refs, got)}
 
-    def transfer(self, path, kind, size, count, sources, consumers, verify):
-        """One repetition: fresh objects on every source node, then every consumer gets all of them."""
+    def transfer(self, path, kind, size, count, sources, consumers, verify, owned=False):
+        """One repetition: fresh objects on every source node, then every consumer gets all of them.
+        owned: the one consumer makes them by its own calls (the "owned" case), else producers put them."""
         self.seed += 1
-        made = ray.get([self.producers[s].make.remote(kind, size, count, self.seed * 7 + j, verify)
-                        for j, s in enumerate(sources)])
-        refs = [r for m in made for r in m[0]]
-        src_digests = [d for m in made for d in m[1]]
+        if owned:
+            (key,) = consumers
+            refs = None  # held by the consumer that owns them
+            src_digests = ray.get(self.consumer(*key).own.remote([self.producers[s] for s in sources], kind, size,
+                                                                 count, self.seed, verify))
+        else:
+            made = ray.get([self.producers[s].make.remote(kind, size, count, self.seed * 7 + j, verify)
+                            for j, s in enumerate(sources)])
+            refs = [r for m in made for r in m[0]]
+            src_digests = [d for m in made for d in m[1]]
         nodes_dst = sorted({n for n, _ in consumers})
         involved = list(sources) + [n for n in nodes_dst if n not in sources]
         cpu0 = self.cpu_snapshot(involved)
         t0 = time.perf_counter()
-        outs = ray.get([self.consumer(n, slot).fetch.remote(refs, path, verify) for n, slot in consumers])
+        outs = ray.get([self.consumer(n, slot).fetch_held.remote(path, verify) if owned else
+                        self.consumer(n, slot).fetch.remote(refs, path, verify) for n, slot in consumers])
         t1 = time.perf_counter()
         cpu1 = self.cpu_snapshot(involved)
         # End to end (driver): submit -> answer, less the sha256 the consumer did after its get.
@@ -492,12 +531,12 @@ class Bench:
                 "cpu_dst": sum(cpu1[n] - cpu0[n] for n in nodes_dst if n not in sources),
                 "ok": ok, "outs": outs}
 
-    def transfer_retrying(self, path, label, kind, size, count, sources, consumers, verify, attempts=3):
+    def transfer_retrying(self, path, label, kind, size, count, sources, consumers, verify, attempts=3, owned=False):
         """transfer(); a consumer worker that dies is recorded (a crash is a result too), replaced,
         and the repetition is redone with fresh objects."""
         for attempt in range(attempts):
             try:
-                return self.transfer(path, kind, size, count, sources, consumers, verify)
+                return self.transfer(path, kind, size, count, sources, consumers, verify, owned)
             except ray.exceptions.RayActorError as e:
                 detail = str(e).replace("\n", " ")
                 self.crashes.append({"case": label, "path": path, "attempt": attempt + 1, "error": detail[:600]})
@@ -542,7 +581,8 @@ class Bench:
             order = paths if rep % 2 == 0 else list(reversed(paths))
             for p in order:
                 self.progress(f"{label:28s} rep {rep + 1}/{reps} {p}")
-                per[p].append(self.transfer_retrying(p, label, kind, size, count, sources, consumers, rep == 0))
+                per[p].append(self.transfer_retrying(p, label, kind, size, count, sources, consumers, rep == 0,
+                                                     owned=case == "owned"))
         out = []
         for p, runs in per.items():
             total = sum(r["bytes"] for r in runs)
@@ -626,6 +666,10 @@ class Bench:
             for size in a.sizes:
                 for kind in a.kinds:
                     self.safe_measure("single", kind, size, 1, [src], [(dst, 0)], a.reps_for(size), provider, paths)
+        if "owned" in cases:
+            for size in a.sizes:
+                for kind in a.kinds:
+                    self.safe_measure("owned", kind, size, 1, [src], [(dst, 0)], a.reps_for(size), provider, paths)
         if "many" in cases:
             for count, size in a.many:
                 self.safe_measure("many", "numpy", size, count, [src], [(dst, 0)], a.many_reps, provider, paths)
@@ -956,7 +1000,7 @@ def resolve(a):
     biggest = max([s for s in a.sizes] + [c * s for c, s in a.many] + [a.fan_size])
     a.store_bytes = parse_size(a.store) if a.store else max(2 * GiB, int(2.5 * biggest) + 512 * MiB)
     a.touch_bytes = parse_size(a.touch) if a.touch is not None else min(2 * biggest, 2 * GiB)
-    ceiling_sizes = set(a.sizes) if "single" in a.cases else set()
+    ceiling_sizes = set(a.sizes) if "single" in a.cases or "owned" in a.cases else set()
     if "many" in a.cases:
         ceiling_sizes |= {s for _, s in a.many}
     if "fanout" in a.cases or "fanin" in a.cases:

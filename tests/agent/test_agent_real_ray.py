@@ -369,6 +369,47 @@ def test_objects_of_two_owners_on_two_nodes_in_one_get(cluster):
     ray.kill(owner)
 
 
+@ray.remote(num_cpus=0)
+def get_own_and_borrowed(borrowed, nbytes, seed):
+    """On n0: submits a task to n1 (so this task owns its result) and rayfabric.get()s that result
+    together with `borrowed` (owned by the driver). Records which refs were asked of an owner."""
+    import rayfabric as rf
+    asked = []
+    rpc = ray.experimental.get_object_locations
+
+    def watched(refs, *a, **k):  # observes Ray's owner RPC, and still makes it
+        asked.extend(r.hex() for r in refs)
+        return rpc(refs, *a, **k)
+
+    own = on("n1", produce).remote("numpy", nbytes, seed)
+    ray.wait([own], fetch_local=False, timeout=120)
+    before = rf.stats()
+    ray.experimental.get_object_locations = watched
+    try:
+        values = rf.get([own, borrowed[0]], timeout=120)
+    finally:
+        ray.experimental.get_object_locations = rpc
+    after = rf.stats()
+    return {"digests": [digest_of(v) for v in values], "own": own.hex(), "asked": asked,
+            "owned": after["locations_owned"] - before["locations_owned"],
+            "pulled": after["objects_pulled"] - before["objects_pulled"],
+            "fallbacks": after["fallbacks"] - before["fallbacks"]}
+
+
+def test_own_results_are_located_without_a_round_trip(cluster):
+    # A worker's (or driver's) own tasks' results: their locations come from its own reference
+    # counter; a borrowed object's still from its owner. Both pulled by the fabric, byte-exact.
+    borrowed = on("n1", produce).remote("numpy", 4 * MiB, 41)
+    ray.wait([borrowed], fetch_local=False, timeout=120)
+    out = ray.get(on("n0", get_own_and_borrowed).remote([borrowed], 4 * MiB, 42))
+    assert out["digests"] == [digest_of(make_value("numpy", 4 * MiB, s)) for s in (42, 41)]
+    assert out["pulled"] == 2 and out["fallbacks"] == 0, out
+    assert out["owned"] == 1, out
+    assert out["own"] not in out["asked"] and out["asked"] == [borrowed.hex()], out
+    del borrowed
+    assert wait_idle() == {}
+
+
 def test_pull_behind_a_stuck_pull_of_the_same_object(cluster):
     """A Pull of an object that another Pull of the same agent is still bringing in does not create
     it twice: if that one is still stuck at this Pull's deadline it stands aside (Ray's get waits

@@ -19,7 +19,7 @@ def report(tmp_path_factory):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.abspath(PYTHON_DIR) + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, "-m", "rayfabric", "bench", "--provider", PROVIDER, "--sizes", "1M", "--kinds", "numpy",
-           "--reps", "2", "--cases", "single,many", "--many-count", "20", "--touch", "0", "--store", "1G",
+           "--reps", "2", "--cases", "single,owned,many", "--many-count", "20", "--touch", "0", "--store", "1G",
            "--json", str(out), "--plots", str(tmp / "plots")]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, f"{cmd} -> {p.returncode}\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
@@ -31,7 +31,7 @@ def report(tmp_path_factory):
 def test_every_case_and_size_has_both_paths(report):
     rows = report["doc"]["rows"]
     got = sorted((r["case"], r["count"], r["size"]) for r in rows)
-    assert got == [("many", 20, 64 << 10), ("many", 20, 1 << 20), ("single", 1, 1 << 20)], got
+    assert got == [("many", 20, 64 << 10), ("many", 20, 1 << 20), ("owned", 1, 1 << 20), ("single", 1, 1 << 20)], got
     for r in rows:
         for path in ("ray", "rayfabric"):
             res = r[path]
