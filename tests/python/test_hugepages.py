@@ -146,3 +146,28 @@ def test_more_pages_than_memory_are_refused_before_anything_changes():
         with hugepages.mounts(["d"], available // hugepages.HUGE_PAGE + 1):
             pass
     assert nr_hugepages() == before
+
+
+def test_a_reservation_the_kernel_refuses_changes_nothing_and_says_why(tmp_path):
+    """The write to nr_hugepages fails for real: the child runs in a mount namespace of its own
+    where /proc/sys is read-only. It gets the kernel's reason; no page is reserved, nothing is
+    mounted, and its mount points are gone."""
+    reserving()
+    if subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0:
+        pytest.skip("unshare --mount is not available here")
+    code = ("from rayfabric import hugepages\n"
+            "try:\n"
+            "    with hugepages.mounts(['e', 'f'], 4):\n"
+            "        print('MOUNTED')\n"
+            "except hugepages.Unavailable as e:\n"
+            "    print('UNAVAILABLE', e)\n")
+    read_only_proc_sys = "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && exec \"$@\""
+    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", read_only_proc_sys, "sh",
+           sys.executable, "-c", code]
+    before = nr_hugepages()
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**ENV, "TMPDIR": str(tmp_path)}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "UNAVAILABLE cannot reserve huge pages (/proc/sys/vm/nr_hugepages)" in r.stdout, (r.stdout, r.stderr)
+    assert "Read-only file system" in r.stdout, r.stdout
+    assert nr_hugepages() == before
+    assert list(tmp_path.iterdir()) == []  # the mount points made for e and f are removed
