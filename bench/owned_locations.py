@@ -37,37 +37,38 @@ def main():
         def make(i):  # its result is in the source node's store, owned by this driver
             return np.full(size, i % 251, dtype=np.uint8)
 
-        own_record = api._worker_id
-        variants = {"ray.get": (ray.get, own_record),
-                    "rf, owner RPC": (rayfabric.get, lambda: None),  # as before: never this process's record
-                    "rf, own record": (rayfabric.get, own_record)}
+        variants = {"ray.get": (ray.get, True),
+                    "rf, owner RPC": (rayfabric.get, False),  # RAYFABRIC_OWN_LOCATIONS=0, as before
+                    "rf, own record": (rayfabric.get, True)}
         times = {k: [] for k in variants}
+        unlocated = {k: 0 for k in variants}  # left to Ray's path: not (yet) in Ray's directory
         for i in range(a.gets):
             for name in (list(variants) if i % 2 == 0 else list(variants)[::-1]):
-                get, api._worker_id = variants[name]
+                get, api.OWN_LOCATIONS = variants[name]
                 ref = make.remote(i)
                 ray.wait([ref], fetch_local=False)
+                before = rayfabric.stats()["ray_path_not_in_plasma"]
                 t0 = time.perf_counter()
                 value = get(ref)
                 seconds = time.perf_counter() - t0
+                unlocated[name] += rayfabric.stats()["ray_path_not_in_plasma"] - before
                 if value[0] != i % 251 or value[-1] != i % 251:
                     sys.exit(f"{name}: wrong bytes in get {i}")
                 if i >= 10:
                     times[name].append(seconds)
                 del value, ref
-        api._worker_id = own_record
+        api.OWN_LOCATIONS = True
         st = rayfabric.stats()
         med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         print(f"{size_name(size)} objects, {a.gets - 10} gets per variant, interleaved; median ms per get")
         for k, v in med.items():
-            print(f"  {k:16s} {v:7.2f}")
+            print(f"  {k:16s} {v:7.2f}" + (f"   (left to Ray's path, no location yet: {unlocated[k]})" if k != "ray.get" else ""))
         print(f"  Ray / rf (owner RPC) {med['ray.get'] / med['rf, owner RPC']:.2f}, "
               f"Ray / rf (own record) {med['ray.get'] / med['rf, own record']:.2f}; saved per get "
               f"{med['rf, owner RPC'] - med['rf, own record']:.2f} ms")
         print(f"  pulled by the fabric {st['objects_pulled']}, fallbacks {st['fallbacks']}, "
-              f"located from the own record {st['locations_owned']}; stood aside {st['stood_aside']}, "
-              f"already local {st['already_local']}, already here {st['already_here']}, "
-              f"not in plasma (yet) {st['ray_path_not_in_plasma']}")
+              f"located from the own record {st['locations_owned']} (waited for {st['locations_awaited']}); stood aside {st['stood_aside']}, "
+              f"already local {st['already_local']}, already here {st['already_here']}")
     finally:
         rayfabric.shutdown()
         ray.shutdown()

@@ -6,15 +6,16 @@ kinds of objects, in the same run, next to the raw fabric ceiling measured in th
                     [--cases single,owned,many,fanout,fanin]
 
 Cases (every one: fresh objects for each path and each repetition, so neither path finds a copy
-left by the other; the paths alternate rep by rep):
+left by the other; one untimed repetition per path first, then the paths alternate rep by rep):
   single   one object from a producer actor on node S to a consumer actor on node D; numpy arrays
            and raw bytes; the consumer times only the get (ray.get, or rayfabric.get) of a ref it
            received inside a list (so Ray does not resolve it as an argument); the producer owns
            it (ray.put), the consumer borrows it
   owned    as single, but the object is the result of the consumer's own call to the producer (made
-           on S, owned by the consumer): what a driver's ray.get of its own tasks' results is. Ray
-           answers an owner's get without asking another process where the object is, and so does
-           rayfabric (its own reference counter), so both paths' fixed cost is smaller than in single
+           on S, owned by the consumer): what a driver's ray.get of its own tasks' results is;
+           rayfabric reads its locations from the consumer's own record (no owner RPC). Sizes above
+           100 KiB only (smaller results are inlined in the reply); measured next to single, size by
+           size
   many     N objects of one size fetched by one consumer with one get of the list
   fanout   one object on S read at once by K consumers on the other nodes
   fanin    one consumer reading objects that live on two different nodes (one get of both)
@@ -53,6 +54,9 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_PROVIDER = "tcp;ofi_rxm"
 ALL_PROVIDERS = ["tcp;ofi_rxm", "sockets", "shm"]
 CASES = ["single", "owned", "many", "fanout", "fanin"]
+# Ray's max_direct_call_object_size (default): a task's result up to this size travels inside the
+# reply to its owner, never through a store (so the owned case starts above it).
+RAY_INLINE_BYTES = 100 * KiB
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -144,8 +148,9 @@ class Producer:
         return refs, digests
 
     def make_one(self, kind, size, seed, verify):
-        """One object as this call's result (num_returns=2): in this node's store (above Ray's 100 KiB
-        inline limit) and owned by the caller; with its sha256 when asked."""
+        """One object as this call's result (num_returns=2), owned by the caller: in this node's store
+        when above Ray's 100 KiB inline limit (the owned case measures only those); with its sha256
+        when asked."""
         v = make_value(kind, size, seed)
         return v, digest(v) if verify else ""
 
@@ -258,8 +263,11 @@ class Consumer:
         return ray.get([d for _, d in calls], timeout=timeout) if verify else []
 
     def fetch_held(self, path, verify, timeout=600):
-        refs, self.held = self.held, None
-        return self.fetch(refs, path, verify, timeout)
+        return self.fetch(self.held, path, verify, timeout)
+
+    def release_held(self):
+        """Drops the owned objects (after the CPU is read, as the driver drops the borrowed ones)."""
+        self.held = None
 
     def fetch(self, refs, path, verify, timeout=600):
         import rayfabric as rf
@@ -518,6 +526,8 @@ class Bench:
                         self.consumer(n, slot).fetch.remote(refs, path, verify) for n, slot in consumers])
         t1 = time.perf_counter()
         cpu1 = self.cpu_snapshot(involved)
+        if owned:
+            ray.get(self.consumer(*consumers[0]).release_held.remote())
         # End to end (driver): submit -> answer, less the sha256 the consumer did after its get.
         e2e = t1 - t0 - max(o["hash_s"] for o in outs)
         del refs
@@ -577,6 +587,11 @@ class Bench:
     def measure(self, case, kind, size, count, sources, consumers, reps, provider, paths):
         per = {p: [] for p in paths}
         label = f"{case} {kind} {count}x{size_name(size)}" if count > 1 else f"{case} {kind} {size_name(size)}"
+        # One untimed repetition per path first: the first gets of a case and size ran slower (Ray's
+        # path the most: whichever case came first at a size lost 1.2-1.5x), whatever the case.
+        for p in paths:
+            self.progress(f"{label:28s} untimed first repetition {p}")
+            self.transfer_retrying(p, label, kind, size, count, sources, consumers, False, owned=case == "owned")
         for rep in range(reps):
             order = paths if rep % 2 == 0 else list(reversed(paths))
             for p in order:
@@ -662,14 +677,18 @@ class Bench:
         if "fanin" in cases and len(fanin_sources) == 2:
             pairs += [(s, (dst, 0)) for s in fanin_sources if (s, (dst, 0)) not in pairs]
         self.warm_up(pairs)
-        if "single" in cases:
-            for size in a.sizes:
-                for kind in a.kinds:
-                    self.safe_measure("single", kind, size, 1, [src], [(dst, 0)], a.reps_for(size), provider, paths)
-        if "owned" in cases:
-            for size in a.sizes:
-                for kind in a.kinds:
-                    self.safe_measure("owned", kind, size, 1, [src], [(dst, 0)], a.reps_for(size), provider, paths)
+        one_object = [c for c in ("single", "owned") if c in cases]
+        if "owned" in cases and any(size <= RAY_INLINE_BYTES for size in a.sizes):
+            self.notes.append(f"owned: sizes up to {size_name(RAY_INLINE_BYTES)} not measured: Ray returns such "
+                              f"results inside the reply to their owner (max_direct_call_object_size), no store "
+                              f"holds them")
+        for n, size in enumerate(a.sizes):
+            for kind in a.kinds:
+                # single and owned one after the other, in turns, so that neither is always later in the run
+                for case in (one_object if n % 2 == 0 else one_object[::-1]):
+                    if case == "owned" and size <= RAY_INLINE_BYTES:
+                        continue
+                    self.safe_measure(case, kind, size, 1, [src], [(dst, 0)], a.reps_for(size), provider, paths)
         if "many" in cases:
             for count, size in a.many:
                 self.safe_measure("many", "numpy", size, count, [src], [(dst, 0)], a.many_reps, provider, paths)
@@ -838,6 +857,14 @@ def plots(doc, outdir, log):
             for i, p in enumerate(providers):
                 pts = sorted((r["size"], r["rayfabric"]["gbps"]) for r in single if r["kind"] == kind and r["provider"] == p)
                 ax.plot([s for s, _ in pts], [g for _, g in pts], "s-", color=f"C{i}", label=f"rayfabric ({p})")
+                if i == 0:  # the owned case, dashed: the consumer owns the object (a driver's own results)
+                    own = sorted((r["size"], r["ray"]["gbps"] if r["ray"] else None, r["rayfabric"]["gbps"])
+                                 for r in rows if r["case"] == "owned" and r["kind"] == kind and r["provider"] == p)
+                    if own:
+                        ax.plot([s for s, g, _ in own if g], [g for _, g, _ in own if g], "o--", color="tab:gray",
+                                alpha=0.7, label="Ray, owned")
+                        ax.plot([s for s, _, _ in own], [g for _, _, g in own], "s--", color=f"C{i}", alpha=0.7,
+                                label=f"rayfabric ({p}), owned")
                 c = ceilings.get(p) or {}
                 if "by_size" in c:
                     cpts = sorted((int(s), v["gbps"]) for s, v in c["by_size"].items())
@@ -884,7 +911,7 @@ def plots(doc, outdir, log):
         fig.savefig(f, dpi=110)
         plt.close(fig)
         files.append(f)
-    other = [r for r in rows if r["case"] != "single"]
+    other = [r for r in rows if r["case"] not in ("single", "owned")]
     if other:
         labels = list(dict.fromkeys(f"{r['case']}\n{object_label(r)}" for r in other))
         fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(labels)), 4.5))
@@ -1053,7 +1080,9 @@ def main(argv=None):
                     "started": time.strftime("%Y-%m-%d %H:%M:%S"), "load_before": os.getloadavg(),
                     "machine": machine(), "quick": a.quick, "cluster": "address " + a.address if a.address else
                     f"embedded ray.cluster_utils.Cluster, {a.nodes} nodes on this host"
-                    + (", plasma stores on 2 MiB huge pages" if a.huge_pages else "")},
+                    + (", plasma stores on 2 MiB huge pages" if a.huge_pages else ""),
+                    # how the consumers locate what they own (RAYFABRIC_OWN_LOCATIONS; this process's view)
+                    "own_locations": api.OWN_LOCATIONS},
            "ceilings": {}, "results": [], "rows": [], "notes": []}
     if not a.no_ceiling:
         for p in a.providers:
