@@ -153,7 +153,8 @@ def _prefetch_to(node_hex, refs):
         # Only what is worth a pull (as rayfabric.get decides): not on the destination already,
         # not tiny; a call with nothing of the kind pays no round trip.
         core_worker = ray._private.worker.global_worker.core_worker
-        locations = api._locations(core_worker, ready)
+        # No wait for a location not known yet: such an argument is asked for anyway (below).
+        locations = api._locations(core_worker, ready, wait=False)
         worth = [r for r in ready if node_hex not in (locations.get(r) or {}).get("node_ids", [node_hex])
                  and (locations.get(r) or {}).get("object_size", 0) >= api.MIN_OBJECT_BYTES]
         if sum(locations[r]["object_size"] for r in worth) < api.MIN_PULL_BYTES:

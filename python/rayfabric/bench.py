@@ -15,7 +15,7 @@ left by the other; one untimed repetition per path first, then the paths alterna
            on S, owned by the consumer): what a driver's ray.get of its own tasks' results is;
            rayfabric reads its locations from the consumer's own record (no owner RPC). Sizes above
            100 KiB only (smaller results are inlined in the reply); measured next to single, size by
-           size
+           size, in turns (the one listed first in --cases goes first at the first size)
   many     N objects of one size fetched by one consumer with one get of the list
   fanout   one object on S read at once by K consumers on the other nodes
   fanin    one consumer reading objects that live on two different nodes (one get of both)
@@ -219,9 +219,8 @@ def _instrument():
     _PHASES["timed_locations"] = timed("locations", ray.experimental.get_object_locations)
     _PHASES["timed_locations_per_owner"] = timed("locations", _per_owner(ray.experimental.get_object_locations))
     ray.experimental.get_object_locations = _PHASES["timed_locations"]
-    # An owner's own record (the "owned" case): rayfabric reads it without a round trip.
-    if hasattr(ray.experimental, "get_local_object_locations"):
-        ray.experimental.get_local_object_locations = timed("locations", ray.experimental.get_local_object_locations)
+    # An owner's own record (the "owned" case), with any wait for a location not known yet.
+    api._own_locations = timed("locations", api._own_locations)
     AgentClient.pull = timed("pull_rpc", AgentClient.pull)
     api._ray_get = timed("local_get", api._ray_get)
     _PHASES["installed"] = True
@@ -522,12 +521,17 @@ class Bench:
         involved = list(sources) + [n for n in nodes_dst if n not in sources]
         cpu0 = self.cpu_snapshot(involved)
         t0 = time.perf_counter()
-        outs = ray.get([self.consumer(n, slot).fetch_held.remote(path, verify) if owned else
-                        self.consumer(n, slot).fetch.remote(refs, path, verify) for n, slot in consumers])
-        t1 = time.perf_counter()
-        cpu1 = self.cpu_snapshot(involved)
-        if owned:
-            ray.get(self.consumer(*consumers[0]).release_held.remote())
+        try:
+            outs = ray.get([self.consumer(n, slot).fetch_held.remote(path, verify) if owned else
+                            self.consumer(n, slot).fetch.remote(refs, path, verify) for n, slot in consumers])
+            t1 = time.perf_counter()
+            cpu1 = self.cpu_snapshot(involved)
+        finally:
+            if owned:  # dropped after the CPU is read, as the borrowed ones are; and when the get failed
+                try:
+                    ray.get(self.consumer(*consumers[0]).release_held.remote(), timeout=60)
+                except Exception:  # noqa: BLE001 - the consumer died: its objects went with it
+                    pass
         # End to end (driver): submit -> answer, less the sha256 the consumer did after its get.
         e2e = t1 - t0 - max(o["hash_s"] for o in outs)
         del refs
@@ -677,11 +681,11 @@ class Bench:
         if "fanin" in cases and len(fanin_sources) == 2:
             pairs += [(s, (dst, 0)) for s in fanin_sources if (s, (dst, 0)) not in pairs]
         self.warm_up(pairs)
-        one_object = [c for c in ("single", "owned") if c in cases]
-        if "owned" in cases and any(size <= RAY_INLINE_BYTES for size in a.sizes):
-            self.notes.append(f"owned: sizes up to {size_name(RAY_INLINE_BYTES)} not measured: Ray returns such "
-                              f"results inside the reply to their owner (max_direct_call_object_size), no store "
-                              f"holds them")
+        one_object = [c for c in cases if c in ("single", "owned")]  # the first goes first at the first size
+        note = (f"owned: sizes up to {size_name(RAY_INLINE_BYTES)} not measured: Ray returns such results inside "
+                f"the reply to their owner (max_direct_call_object_size), no store holds them")
+        if "owned" in cases and any(size <= RAY_INLINE_BYTES for size in a.sizes) and note not in self.notes:
+            self.notes.append(note)
         for n, size in enumerate(a.sizes):
             for kind in a.kinds:
                 # single and owned one after the other, in turns, so that neither is always later in the run
@@ -847,9 +851,10 @@ def plots(doc, outdir, log):
     rows, results, ceilings = doc["rows"], doc["results"], doc["ceilings"]
     files = []
     single = [r for r in rows if r["case"] == "single"]
-    kinds = list(dict.fromkeys(r["kind"] for r in single))
+    one_object = [r for r in rows if r["case"] in ("single", "owned")]
+    kinds = list(dict.fromkeys(r["kind"] for r in one_object))
     providers = list(dict.fromkeys(r["provider"] for r in rows))
-    if single:
+    if one_object:
         fig, axes = plt.subplots(1, len(kinds), figsize=(6 * len(kinds), 4.5), squeeze=False)
         for ax, kind in zip(axes[0], kinds):
             ray_pts = sorted({(r["size"], r["ray"]["gbps"]) for r in single if r["kind"] == kind and r["ray"]})
@@ -873,7 +878,7 @@ def plots(doc, outdir, log):
             c0 = ceilings.get(providers[0]) or {}
             if "tcp_stream_gbps" in c0:
                 ax.axhline(c0["tcp_stream_gbps"], color="k", ls=":", lw=1, label="raw TCP stream")
-            _size_axis(ax, [r["size"] for r in single])
+            _size_axis(ax, [r["size"] for r in one_object])
             ax.set_yscale("log")
             ax.set_ylabel("GB/s (payload / get time, log scale)")
             ax.set_title(f"one {kind} object, node to node")
@@ -887,20 +892,22 @@ def plots(doc, outdir, log):
 
         fig, axes = plt.subplots(1, len(kinds), figsize=(6 * len(kinds), 4.5), squeeze=False)
         for ax, kind in zip(axes[0], kinds):
-            series = [("Ray", None, "tab:gray", "o-")] + [(f"rayfabric ({p})", p, f"C{i}", "s-")
-                                                           for i, p in enumerate(providers)]
-            for name, p, color, style in series:
-                rs = sorted((r for r in results if r["case"] == "single" and r["kind"] == kind and
+            series = [("Ray", None, "tab:gray", "o")] + [(f"rayfabric ({p})", p, f"C{i}", "s")
+                                                         for i, p in enumerate(providers)]
+            for (name, p, color, marker), case in ((x, c) for c in ("single", "owned") for x in series):
+                rs = sorted((r for r in results if r["case"] == case and r["kind"] == kind and
                              (r["path"] == "ray" if p is None else r["path"] == "rayfabric" and r["provider"] == p)),
                             key=lambda r: r["size"])
                 if not rs:
                     continue
+                style = marker + ("-" if case == "single" else "--")
+                name = name if case == "single" else f"{name}, owned"
                 xs = [r["size"] for r in rs]
                 p50 = [r["p50_ms"] for r in rs]
                 p99 = [r["p99_ms"] for r in rs]
                 ax.errorbar(xs, p50, yerr=[[0] * len(rs), [b - a for a, b in zip(p50, p99)]], fmt=style, color=color,
                             capsize=3, label=f"{name} p50 (bar: p99)")
-            _size_axis(ax, [r["size"] for r in single])
+            _size_axis(ax, [r["size"] for r in one_object])
             ax.set_yscale("log")
             ax.set_ylabel("get latency (ms)")
             ax.set_title(f"one {kind} object: get latency")
@@ -1049,7 +1056,8 @@ def report(a):
         with open(path) as f:
             part = json.load(f)
         doc["meta"]["parts"].append({"file": path, **{k: part["meta"].get(k) for k in
-                                                      ("command", "started", "load_before", "load_after", "wall_s")}})
+                                                      ("command", "started", "load_before", "load_after", "wall_s",
+                                                       "own_locations")}})
         doc["meta"].setdefault("machine", part["meta"].get("machine"))
         doc["meta"].setdefault("cluster", part["meta"].get("cluster"))
         for p, c in part.get("ceilings", {}).items():

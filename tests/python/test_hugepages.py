@@ -166,6 +166,8 @@ def test_a_reservation_the_kernel_refuses_changes_nothing_and_says_why(tmp_path)
            sys.executable, "-c", code]
     before = nr_hugepages()
     r = subprocess.run(cmd, capture_output=True, text=True, env={**ENV, "TMPDIR": str(tmp_path)}, timeout=120)
+    if r.returncode != 0 and "mount" in r.stderr and "UNAVAILABLE" not in r.stdout:
+        pytest.skip(f"/proc/sys cannot be made read-only in a mount namespace here: {r.stderr.strip()[:200]}")
     assert r.returncode == 0, r.stderr
     assert "UNAVAILABLE cannot reserve huge pages (/proc/sys/vm/nr_hugepages)" in r.stdout, (r.stdout, r.stderr)
     assert "Read-only file system" in r.stdout, r.stdout
