@@ -503,13 +503,19 @@ def broadcast(ref, nodes=None, timeout=None):
     count one). Returns the rounds, each a list of {"source", "destination", "read_from" (the node(s)
     its fabric pull read), "pulled" (by the fabric), "local" (the node holds a copy now),
     "seconds", "error"}; a node without a copy (dead, timed out) does not serve later rounds.
-    `timeout` bounds the whole (default: RAYFABRIC_PULL_TIMEOUT_S per round)."""
+    An object still being computed is waited for first. `timeout` bounds the whole (default: no
+    bound on that wait, RAYFABRIC_PULL_TIMEOUT_S per round); GetTimeoutError if the object was not
+    made within it."""
     global _broadcast_task
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     if _broadcast_task is None:
         _broadcast_task = ray.remote(num_cpus=0)(_broadcast_pull)
     deadline = None if timeout is None else time.monotonic() + timeout
+    # A result still being computed is waited for (within `timeout`): it has no holder yet.
+    made, _ = ray.wait([ref], timeout=timeout, fetch_local=False)
+    if not made:
+        raise ray.exceptions.GetTimeoutError(f"rayfabric.broadcast: the object was not made within {timeout} s")
     core_worker = ray._private.worker.global_worker.core_worker
     location = _locations(core_worker, [ref]).get(ref) or {}
     holders = list(dict.fromkeys(location.get("node_ids") or []))

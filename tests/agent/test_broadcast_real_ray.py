@@ -68,6 +68,31 @@ def test_a_destination_whose_agent_died_gets_the_object_by_rays_path_in_its_roun
         ray.get(n3_agent.restart.remote())
 
 
+@ray.remote(num_cpus=0)
+def produce_later(nbytes, seed, delay_s):
+    """As produce, `delay_s` later."""
+    import time as t
+    import numpy as np
+    t.sleep(delay_s)
+    return np.random.default_rng(seed).integers(0, 256, size=nbytes, dtype=np.uint8)
+
+
+def test_broadcast_of_a_result_still_being_computed_waits_for_it(cluster):
+    nodes = cluster
+    ref = on("n0", produce_later).remote(8 * MiB, 13, 2.0)
+    rounds = rayfabric.broadcast(ref, nodes=list(nodes.values()), timeout=120)  # before the task ended
+    assert [len(r) for r in rounds] == [1, 2], rounds
+    assert all(p["pulled"] and p["local"] for r in rounds for p in r), rounds
+    want, _ = ray.get(on("n0", local_copy).remote([ref]))
+    for name in NODES[1:]:
+        digest, here = ray.get(on(name, local_copy).remote([ref]))
+        assert digest == want and here, name
+    late = on("n0", produce_later).remote(8 * MiB, 14, 30.0)
+    with pytest.raises(ray.exceptions.GetTimeoutError, match="was not made within 1 s"):
+        rayfabric.broadcast(late, nodes=list(nodes.values()), timeout=1)
+    ray.cancel(late, force=True)
+
+
 def test_broadcast_of_an_object_in_no_store_is_refused(cluster):
     small = on("n1", produce).remote(100, 1)  # a small task result: inlined in its owner, no store
     ray.wait([small])
