@@ -529,7 +529,7 @@ class Bench:
         finally:
             if owned:  # dropped after the CPU is read, as the borrowed ones are; and when the get failed
                 try:
-                    ray.get(self.consumer(*consumers[0]).release_held.remote(), timeout=60)
+                    ray.get(self.consumer(*key).release_held.remote(), timeout=60)
                 except Exception:  # noqa: BLE001 - the consumer died: its objects went with it
                     pass
         # End to end (driver): submit -> answer, less the sha256 the consumer did after its get.

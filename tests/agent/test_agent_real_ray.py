@@ -384,9 +384,7 @@ def get_own_and_borrowed(borrowed, nbytes, seed):
     own = on("n1", produce).remote("numpy", nbytes, seed)
     ray.wait([own], fetch_local=False, timeout=120)
     if not rf.api.OWN_LOCATIONS:  # the get will not wait for a location not known yet: done here
-        deadline = time.monotonic() + 10
-        while not ray.experimental.get_local_object_locations([own])[own]["node_ids"] and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: ray.experimental.get_local_object_locations([own])[own]["node_ids"])
     before = rf.stats()
     ray.experimental.get_object_locations = watched
     try:
