@@ -208,6 +208,11 @@ def test_an_argument_whose_source_node_died(cluster):
     ray.get(learner.ping.remote(), timeout=120)
     ref = produce.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n3, soft=True)).remote(8 * MiB, 51)
     ray.wait([ref], fetch_local=False, timeout=120)
+    # Ready a moment before Ray's directory says where (the raylet's location update follows the
+    # task's reply: 0.15-3.8 ms, ~2% of results): waited for, bounded, then the same check.
+    deadline = time.monotonic() + 30
+    while not ray.experimental.get_object_locations([ref])[ref]["node_ids"] and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert n3 in ray.experimental.get_object_locations([ref])[ref]["node_ids"]
     cluster["cluster"].remove_node(cluster["n3"], allow_graceful=False)
     assert ray.get(learner.update.remote(ref), timeout=300) == [digest(make(8 * MiB, 51))]
