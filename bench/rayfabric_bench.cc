@@ -198,8 +198,12 @@ struct Row {
   double gbps;
   double p50_us;
   double p99_us;
+  double max_us;
+  int slow;  // operations over kSlowFactor x p50: stalls, not spread
   bool verified;
 };
+
+constexpr double kSlowFactor = 5;
 
 std::vector<uint64_t> ParseSizes(const std::string& list) {
   std::vector<uint64_t> out;
@@ -251,7 +255,8 @@ struct Options {
   std::vector<uint64_t> sizes = ParseSizes("4K,64K,1M,16M,256M,1G");
   std::string json;
   bool verify = false;
-  int iters = 0;  // 0: choose per size
+  int iters = 0;   // 0: choose per size
+  int gap_us = 0;  // idle time between operations (an application's pace, not a stream)
   std::string peer;
   int listen_port = -1;
   bool serve = false;
@@ -297,6 +302,7 @@ int Measure(Conn& conn, const Options& opt, const Config& config, uint64_t max_s
     run_one();  // warm-up: connection set-up, provider caches
     double total = 0;
     for (int i = 0; i < iters; ++i) {
+      if (opt.gap_us > 0) usleep(opt.gap_us);
       double t = run_one();
       lat.push_back(t * 1e6);
       total += t;
@@ -313,8 +319,11 @@ int Measure(Conn& conn, const Options& opt, const Config& config, uint64_t max_s
       }
       verified = true;
     }
-    rows.push_back({opt.op, size, iters, size * iters / total / 1e9, Percentile(lat, 0.5),
-                    Percentile(lat, 0.99), verified});
+    const double p50 = Percentile(lat, 0.5);
+    const int slow = static_cast<int>(
+        std::count_if(lat.begin(), lat.end(), [&](double us) { return us > kSlowFactor * p50; }));
+    rows.push_back({opt.op, size, iters, size * iters / total / 1e9, p50, Percentile(lat, 0.99),
+                    *std::max_element(lat.begin(), lat.end()), slow, verified});
     std::fprintf(stderr, "  %s %s done\n", opt.op.c_str(), SizeName(size).c_str());
   }
   if (opt.op == "write" && opt.verify) conn.SendMsg("fill");
@@ -324,13 +333,16 @@ int Measure(Conn& conn, const Options& opt, const Config& config, uint64_t max_s
   double tcp = TcpCeiling(conn, local, ceiling_bytes, 4 << 20);
   double mem = MemcpyCeiling(ceiling_bytes);
 
-  std::printf("\n%-8s %-6s %8s %10s %10s %10s %8s %s\n", "size", "op", "iters", "GB/s", "p50 us",
-              "p99 us", "% tcp", "verified");
+  std::printf("\n%-8s %-6s %8s %10s %10s %10s %10s %6s %8s %s\n", "size", "op", "iters", "GB/s",
+              "p50 us", "p99 us", "max us", "slow", "% tcp", "verified");
   for (const Row& r : rows) {
-    std::printf("%-8s %-6s %8d %10.3f %10.1f %10.1f %7.0f%% %s\n", SizeName(r.size).c_str(),
-                r.op.c_str(), r.iters, r.gbps, r.p50_us, r.p99_us, 100 * r.gbps / tcp,
-                r.verified ? "yes" : "no");
+    std::printf("%-8s %-6s %8d %10.3f %10.1f %10.1f %10.1f %6d %7.0f%% %s\n",
+                SizeName(r.size).c_str(), r.op.c_str(), r.iters, r.gbps, r.p50_us, r.p99_us,
+                r.max_us, r.slow, 100 * r.gbps / tcp, r.verified ? "yes" : "no");
   }
+  std::printf(
+      "(slow: operations over %.0fx the p50%s)\n", kSlowFactor,
+      opt.gap_us > 0 ? (", " + std::to_string(opt.gap_us) + " us idle before each").c_str() : "");
   std::printf(
       "\nceilings (same run, %s): raw TCP stream between the two processes %.3f GB/s, "
       "memcpy %.3f GB/s\n",
@@ -347,7 +359,8 @@ int Measure(Conn& conn, const Options& opt, const Config& config, uint64_t max_s
       const Row& r = rows[i];
       js << (i ? "," : "") << "{\"op\":\"" << r.op << "\",\"size\":" << r.size
          << ",\"iters\":" << r.iters << ",\"gbps\":" << r.gbps << ",\"p50_us\":" << r.p50_us
-         << ",\"p99_us\":" << r.p99_us << ",\"verified\":" << (r.verified ? "true" : "false")
+         << ",\"p99_us\":" << r.p99_us << ",\"max_us\":" << r.max_us << ",\"slow\":" << r.slow
+         << ",\"gap_us\":" << opt.gap_us << ",\"verified\":" << (r.verified ? "true" : "false")
          << "}";
     }
     js << "]}\n";
@@ -437,6 +450,8 @@ int Main(int argc, char** argv) {
       opt.verify = true;
     } else if (a == "--iters") {
       opt.iters = std::stoi(next());
+    } else if (a == "--gap-us") {
+      opt.gap_us = std::stoi(next());
     } else if (a == "--chunk-size") {
       (void)config.Set("chunk_size", next());
     } else if (a == "--max-inflight") {
@@ -455,6 +470,7 @@ int Main(int argc, char** argv) {
       std::printf(
           "usage: rayfabric-bench [--provider NAME] [--domain NAME] [--op read|write|register]\n"
           "                       [--sizes 4K,1M,256M] [--json FILE] [--verify] [--iters N]\n"
+          "                       [--gap-us N]\n"
           "                       [--chunk-size 4M] [--max-inflight 16]\n"
           "                       [--listen PORT | --peer HOST:PORT]\n");
       return 0;

@@ -50,19 +50,11 @@ def cluster_credentials_env():
     environment: the agent then uses exactly the token Ray's own processes use. TLS settings
     (RAY_USE_TLS, RAY_TLS_*) reach the agent through the inherited environment, as they reach
     Ray's processes."""
-    env = {}
-    try:
-        from ray._private.authentication import authentication_utils
-        from ray._raylet import AuthenticationTokenLoader
-    except ImportError:  # a Ray without token authentication
-        return env
-    if authentication_utils.is_token_auth_enabled():
-        header = AuthenticationTokenLoader.instance().get_token_for_http_header()
-        value = header.get("authorization") or header.get("Authorization") or ""
-        if value.startswith("Bearer "):
-            env["RAY_AUTH_MODE"] = "token"
-            env["RAY_AUTH_TOKEN"] = value[len("Bearer "):]
-    return env
+    from rayfabric._client import cluster_authorization
+    value = cluster_authorization()
+    if not value:
+        return {}
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": value[len("Bearer "):]}
 
 
 def _log_path(node_hex):

@@ -3,7 +3,16 @@ messages come from agent_pb2 (checked in, generated from the proto); no grpc cod
 
 Channels are made the way Ray makes its own (ray._private.grpc_utils.init_grpc_channel): TLS when
 RAY_USE_TLS is set, the cluster's token on every call when RAY_AUTH_MODE=token. `address` is
-host:port (another node's agent) or unix:PATH (this node's agent, the only one that serves Pull)."""
+host:port (another node's agent) or unix:PATH (this node's agent, the only one that serves Pull).
+
+PullSocketClient asks this node's agent for pulls over its pull socket instead (plain framed
+protobuf on a Unix socket, src/agent/pull_socket.h): the same request and reply, without gRPC's
+~0.5 ms per call."""
+import os
+import socket
+import struct
+import threading
+
 import grpc
 
 from rayfabric import agent_pb2 as pb
@@ -32,10 +41,35 @@ def make_channel(address, insecure=False):
     return init_grpc_channel(address, options=options)
 
 
+def cluster_authorization():
+    """'Bearer <token>' when this (Ray) process uses the cluster's token authentication, else ''
+    (what Ray's own channels send as `authorization`)."""
+    try:
+        from ray._private.authentication import authentication_utils
+        from ray._raylet import AuthenticationTokenLoader
+    except ImportError:  # a Ray without token authentication
+        return ""
+    if not authentication_utils.is_token_auth_enabled():
+        return ""
+    header = AuthenticationTokenLoader.instance().get_token_for_http_header()
+    value = header.get("authorization") or header.get("Authorization") or ""
+    return value if value.startswith("Bearer ") else ""
+
+
 def error_name(code):
     """ERROR_CODE_NOT_FOUND -> "NotFound" style names for logs and stats."""
     name = pb.ErrorCode.Name(code).replace("ERROR_CODE_", "")
     return "".join(part.capitalize() for part in name.split("_"))
+
+
+def pull_request(items, timeout_s, answer_when_claimed=False, answer_within_s=None):
+    """The PullRequest of AgentClient.pull / PullSocketClient.pull, and the caller's deadline."""
+    req = pb.PullRequest(protocol_version=PROTOCOL, items=items, timeout_ms=int(timeout_s * 1000),
+                         answer_when_claimed=answer_when_claimed)
+    rpc_timeout = timeout_s + 10
+    if answer_when_claimed and answer_within_s is not None:
+        rpc_timeout = answer_within_s
+    return req, rpc_timeout
 
 
 class AgentClient:
@@ -73,11 +107,7 @@ class AgentClient:
         few seconds more so that its answer (with per-object errors) arrives. answer_when_claimed:
         the answer comes once every object is claimed (CLAIMED), the reads go on; answer_within_s
         bounds that answer (what is not claimed by then is reported TIMED_OUT, and goes on)."""
-        req = pb.PullRequest(protocol_version=PROTOCOL, items=items, timeout_ms=int(timeout_s * 1000),
-                             answer_when_claimed=answer_when_claimed)
-        rpc_timeout = timeout_s + 10
-        if answer_when_claimed and answer_within_s is not None:
-            rpc_timeout = answer_within_s
+        req, rpc_timeout = pull_request(items, timeout_s, answer_when_claimed, answer_within_s)
         return self._pull(req, timeout=rpc_timeout)
 
     def status(self, timeout=10):
@@ -97,3 +127,120 @@ class AgentClient:
 
     def close(self):
         self._channel.close()
+
+
+PULL_SOCKET_MAGIC = b"RFP1"
+_GRPC_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class PullSocketError(Exception):
+    """The agent refused a request on its pull socket (or did not answer): `code()` as a gRPC
+    error's (its .name), `error_code` the agent's ErrorCode (0 when it did not answer)."""
+
+    class _Code:
+        def __init__(self, name):
+            self.name = name
+
+    def __init__(self, error_code, message, name=None):
+        super().__init__(message)
+        self.error_code = error_code
+        self._name = name or (error_name(error_code) if error_code else "Unavailable")
+
+    def code(self):
+        return self._Code(self._name)
+
+    def details(self):
+        return str(self)
+
+
+class PullSocketUnavailable(PullSocketError):
+    """No connection to the pull socket could be made (nothing was sent): gRPC's local socket
+    may still serve the pull."""
+
+
+def _recv_exact(sock, n):
+    chunks = []
+    while n > 0:
+        chunk = sock.recv(min(n, 1 << 20))
+        if not chunk:
+            raise ConnectionError("the agent closed its pull socket before its answer ended")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+class PullSocketClient:
+    """Pull over this node's agent's pull socket. Connections are kept and reused, one per
+    call under way (threads of one process pull concurrently)."""
+
+    def __init__(self, path, authorization=None):
+        self.path = path
+        self._authorization = (cluster_authorization() if authorization is None else authorization).encode()
+        self._idle = []
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def _take(self):
+        """(a connection, whether it was kept from an earlier call)."""
+        with self._lock:
+            if self._pid != os.getpid():  # forked: the parent's connections are not ours
+                self._idle, self._pid = [], os.getpid()
+            if self._idle:
+                return self._idle.pop(), True
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self.path)
+        except OSError as e:
+            sock.close()
+            raise PullSocketUnavailable(0, f"cannot connect to the agent's pull socket {self.path}: {e}") from e
+        return sock, False
+
+    def call(self, payload, timeout, authorization=None):
+        """One framed request (`payload`: a serialized PullRequest); returns (code, reply bytes).
+        A kept connection that the agent closed meanwhile (it restarted) is replaced once."""
+        auth = self._authorization if authorization is None else authorization
+        frame = struct.pack("<4sIII", PULL_SOCKET_MAGIC, max(1, int(timeout * 1000)), len(auth),
+                            len(payload)) + auth + payload
+        while True:
+            sock, kept = self._take()
+            answered = False
+            try:
+                sock.settimeout(timeout)
+                sock.sendall(frame)
+                head = _recv_exact(sock, 8)
+                answered = True
+                code, n = struct.unpack("<II", head)
+                body = _recv_exact(sock, n)
+                break
+            except socket.timeout as e:
+                sock.close()  # the agent sees the hang-up and cuts the pull short
+                raise PullSocketError(0, f"no answer on {self.path} within {timeout:.1f} s",
+                                      "DeadlineExceeded") from e
+            except OSError as e:
+                sock.close()
+                if kept and not answered:
+                    continue  # closed while idle: a fresh connection (PullSocketUnavailable if none)
+                raise PullSocketError(0, f"pull socket {self.path}: {e}") from e
+        if code == 0:
+            with self._lock:
+                self._idle.append(sock)
+        else:
+            sock.close()  # the agent closes after most refusals; start afresh either way
+        return code, body
+
+    def pull(self, items, timeout_s, answer_when_claimed=False, answer_within_s=None):
+        """As AgentClient.pull; a refusal raises PullSocketError with the agent's reason (the
+        agent's bound on connections: PullSocketUnavailable, gRPC's local socket may serve)."""
+        req, rpc_timeout = pull_request(items, timeout_s, answer_when_claimed, answer_within_s)
+        code, body = self.call(req.SerializeToString(), rpc_timeout)
+        if code == pb.ERROR_CODE_RESOURCE_EXHAUSTED:
+            raise PullSocketUnavailable(code, body.decode(errors="replace"))
+        if code != 0:
+            raise PullSocketError(code, body.decode(errors="replace"))
+        return pb.PullReply.FromString(body)
+
+    def close(self):
+        with self._lock:
+            for sock in self._idle:
+                sock.close()
+            self._idle = []

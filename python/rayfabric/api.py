@@ -11,7 +11,7 @@ import ray
 from rayfabric import _agents
 from rayfabric import agent_pb2 as pb
 from rayfabric import metrics
-from rayfabric._client import AgentClient, error_name
+from rayfabric._client import AgentClient, PullSocketClient, PullSocketUnavailable, error_name
 
 log = logging.getLogger("rayfabric")
 
@@ -33,21 +33,26 @@ PULL_TIMEOUT_S = float(os.environ.get("RAYFABRIC_PULL_TIMEOUT_S", "60"))
 OWN_LOCATION_WAIT_S = 0.05
 
 
-def _own_locations_setting():
-    value = os.environ.get("RAYFABRIC_OWN_LOCATIONS", "1").strip().lower()
+def _switch(name, on, off):
+    """A 1/0 setting (default 1); `on`/`off` say what each value does, for the error."""
+    value = os.environ.get(name, "1").strip().lower()
     if value not in ("1", "0", "true", "false"):
-        raise ValueError(f"RAYFABRIC_OWN_LOCATIONS={value!r}: use 1 (the default: the locations of what a process "
-                         f"owns are read from its own record) or 0 (asked of the owner's RPC, as for borrowed objects)")
+        raise ValueError(f"{name}={value!r}: use 1 (the default: {on}) or 0 ({off})")
     return value in ("1", "true")
 
 
 # Whether the locations of objects this process owns are read from its own reference counter.
-OWN_LOCATIONS = _own_locations_setting()
+OWN_LOCATIONS = _switch("RAYFABRIC_OWN_LOCATIONS", "the locations of what a process owns are read from its own record",
+                        "asked of the owner's RPC, as for borrowed objects")
+# Whether pulls are asked of this node's agent over its pull socket (else gRPC's local socket).
+PULL_SOCKET = _switch("RAYFABRIC_PULL_SOCKET", "pulls are asked of this node's agent over its pull socket",
+                      "over gRPC on its local socket")
 
 _lock = threading.Lock()
 _clients = {}
 _watcher = None
 _agents_cache = {"at": 0.0, "records": {}}
+_pull_socket_failed = set()  # pull sockets that could not be connected (said once each)
 _stats = {"objects_pulled": 0, "bytes_pulled": 0, "already_local": 0, "stood_aside": 0,
           "pulls_by_source": {},  # holder node id (hex) -> pulls asked of it (at most 256 nodes)
           "ray_path_small": 0, "ray_path_not_in_plasma": 0, "ray_path_spilled": 0, "fallbacks": 0,
@@ -55,6 +60,9 @@ _stats = {"objects_pulled": 0, "bytes_pulled": 0, "already_local": 0, "stood_asi
           # objects whose locations this process read from its own reference counter (it owns
           # them): no round trip to an owner; those of them whose location it waited for
           "locations_owned": 0, "locations_awaited": 0,
+          # Pull calls to this node's agent: over its pull socket, or over gRPC (no pull socket
+          # in its record, RAYFABRIC_PULL_SOCKET=0, or the socket could not be connected)
+          "pull_calls_socket": 0, "pull_calls_grpc": 0,
           # call arguments (rayfabric.args): asked of the destination's node, or not (why)
           "args_prefetch_asked": 0, "args_no_destination": 0, "args_no_agent": 0,
           "args_claim_waited": 0, "args_claim_timeouts": 0, "args_not_worth_a_pull": 0,
@@ -159,6 +167,35 @@ def _client(address):
         if c is None:
             c = _clients[address] = AgentClient(address)
         return c
+
+
+def _pull_socket_client(path):
+    with _lock:
+        c = _clients.get("pull:" + path)
+        if c is None:
+            c = _clients["pull:" + path] = PullSocketClient(path)
+        return c
+
+
+def _ask_local_agent(local, items, timeout_s, **kwargs):
+    """The Pull call to this node's agent: its pull socket when it has one (and it is not turned
+    off), else gRPC on its local socket; a pull socket that cannot be connected (nothing sent yet)
+    is said once and the call goes to gRPC."""
+    path = local.get("pull_socket") if PULL_SOCKET else None
+    if path:
+        try:
+            reply = _pull_socket_client(path).pull(items, timeout_s, **kwargs)
+            _count("pull_calls_socket")
+            return reply
+        except PullSocketUnavailable as e:
+            with _lock:
+                first = path not in _pull_socket_failed
+                _pull_socket_failed.add(path)
+            if first:
+                log.warning("rayfabric: %s; pulling over gRPC's local socket instead", e)
+    reply = _client("unix:" + local["local_socket"]).pull(items, timeout_s, **kwargs)
+    _count("pull_calls_grpc")
+    return reply
 
 
 def _fallback(reason, count=1):
@@ -428,8 +465,7 @@ def _pull(refs, timeout, claim=False, answer_within_s=None, source_node=None):
         local_address = "unix:" + local["local_socket"]
         _reporter.address = local_address
         try:
-            reply = _client(local_address).pull(items, left, answer_when_claimed=claim,
-                                                answer_within_s=answer_within_s)
+            reply = _ask_local_agent(local, items, left, answer_when_claimed=claim, answer_within_s=answer_within_s)
         except Exception as e:  # noqa: BLE001 - agent dead/unreachable: Ray's path
             code = e.code().name if hasattr(e, "code") else type(e).__name__
             _fallback(f"local agent did not answer ({code}): {local_address}", len(items))

@@ -196,7 +196,7 @@ def _instrument():
     if _PHASES.get("installed"):
         return _PHASES
     import rayfabric.api as api
-    from rayfabric._client import AgentClient
+    from rayfabric._client import AgentClient, PullSocketClient
 
     def timed(name, fn):
         def wrapper(*a, **k):
@@ -222,6 +222,7 @@ def _instrument():
     # An owner's own record (the "owned" case), with any wait for a location not known yet.
     api._own_locations = timed("locations", api._own_locations)
     AgentClient.pull = timed("pull_rpc", AgentClient.pull)
+    PullSocketClient.pull = timed("pull_rpc", PullSocketClient.pull)
     api._ray_get = timed("local_get", api._ray_get)
     _PHASES["installed"] = True
     return _PHASES
@@ -1057,7 +1058,7 @@ def report(a):
             part = json.load(f)
         doc["meta"]["parts"].append({"file": path, **{k: part["meta"].get(k) for k in
                                                       ("command", "started", "load_before", "load_after", "wall_s",
-                                                       "own_locations")}})
+                                                       "own_locations", "pull_socket")}})
         doc["meta"].setdefault("machine", part["meta"].get("machine"))
         doc["meta"].setdefault("cluster", part["meta"].get("cluster"))
         for p, c in part.get("ceilings", {}).items():
@@ -1090,7 +1091,9 @@ def main(argv=None):
                     f"embedded ray.cluster_utils.Cluster, {a.nodes} nodes on this host"
                     + (", plasma stores on 2 MiB huge pages" if a.huge_pages else ""),
                     # how the consumers locate what they own (RAYFABRIC_OWN_LOCATIONS; this process's view)
-                    "own_locations": api.OWN_LOCATIONS},
+                    "own_locations": api.OWN_LOCATIONS,
+                    # how they ask this node's agent for pulls (RAYFABRIC_PULL_SOCKET)
+                    "pull_socket": api.PULL_SOCKET},
            "ceilings": {}, "results": [], "rows": [], "notes": []}
     if not a.no_ceiling:
         for p in a.providers:

@@ -879,6 +879,27 @@ void Agent::Settle(const PullBounds& bounds, const std::vector<PullJob*>& jobs) 
   }
 }
 
+std::string VersionRefusal(uint32_t version, const char* rpc) {
+  if (version == kProtocolVersion) return "";
+  return std::string(rpc) + ": protocol_version " + std::to_string(version) +
+         " is not spoken by this agent (it speaks " + std::to_string(kProtocolVersion) +
+         "); run the same rayfabric version on every node";
+}
+
+Status Agent::CheckPullRequest(const v1::PullRequest& request) {
+  std::string refusal = VersionRefusal(request.protocol_version(), "Pull");
+  if (!refusal.empty()) {
+    ++requests_rejected_;
+    return Status(StatusCode::kVersionMismatch, refusal);
+  }
+  if (request.items_size() == 0 || request.items_size() > kMaxItemsPerRequest) {
+    ++requests_rejected_;
+    return InvalidArgument("Pull needs 1.." + std::to_string(kMaxItemsPerRequest) + " items, got " +
+                           std::to_string(request.items_size()));
+  }
+  return Status::OK();
+}
+
 v1::PullReply Agent::Pull(const v1::PullRequest& request, Clock::time_point caller_deadline,
                           std::function<bool()> cancelled) {
   if (!request.answer_when_claimed()) {

@@ -34,6 +34,11 @@ namespace rayfabric::agent {
 namespace v1 = ::rayfabric::v1;
 
 inline constexpr uint32_t kProtocolVersion = v1::PROTOCOL_V2;
+// The most objects (or leases) one request may name.
+inline constexpr int kMaxItemsPerRequest = 100000;
+
+// Why a request of `rpc` in protocol `version` is refused ("" when it is this agent's version).
+std::string VersionRefusal(uint32_t version, const char* rpc);
 
 // The wire's error codes are rayfabric's StatusCode values (agent.proto, ErrorCode).
 inline v1::ErrorCode ToErrorCode(StatusCode code) { return static_cast<v1::ErrorCode>(code); }
@@ -66,6 +71,9 @@ class Agent {
       const v1::PullRequest& request,
       std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
       std::function<bool()> cancelled = nullptr);
+  // The version and item count of a Pull, as every face that serves Pull checks them (gRPC's
+  // local socket, the pull socket); counted when refused.
+  Status CheckPullRequest(const v1::PullRequest& request);
   v1::StatusReply GetStatus() const;
   // What the processes of this node left to Ray's own transfer (GetStatus reports it).
   void ReportFallbacks(const v1::ReportFallbacksRequest& request);

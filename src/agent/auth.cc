@@ -142,7 +142,16 @@ Status Credentials::Check(const grpc::ServerContext& context) const {
         "(RAY_AUTH_MODE=token); "
         "send gRPC metadata 'authorization: Bearer <token>'");
   }
-  const std::string presented(it->second.data(), it->second.size());
+  return CheckAuthorization(std::string(it->second.data(), it->second.size()));
+}
+
+Status Credentials::CheckAuthorization(const std::string& presented) const {
+  if (!token_required()) return Status::OK();
+  if (presented.empty()) {
+    return PermissionDenied(
+        "no authorization token: this agent requires the Ray cluster's token "
+        "(RAY_AUTH_MODE=token); send 'Bearer <token>'");
+  }
   if (!ConstantTimeEqual(presented, kBearer + token_)) {
     return PermissionDenied("the authorization token does not match this Ray cluster's token");
   }

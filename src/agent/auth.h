@@ -40,6 +40,9 @@ class Credentials {
   void Authorize(grpc::ClientContext& context) const;
   // OK when the call carries the token (or none is required); else why not (UNAUTHENTICATED).
   Status Check(const grpc::ServerContext& context) const;
+  // The same check of an `authorization` value ("Bearer <token>"; empty: none presented), for
+  // the agent's local pull socket, which carries it in each request.
+  Status CheckAuthorization(const std::string& presented) const;
 
  private:
   std::string token_;

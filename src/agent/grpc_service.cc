@@ -10,7 +10,6 @@
 namespace rayfabric::agent {
 namespace {
 
-constexpr int kMaxItemsPerRequest = 100000;
 constexpr int kMaxFallbacksPerReport = 1000;
 
 // Refused requests are logged, but any host can send them: at most 10 lines a minute, so that a
@@ -64,13 +63,10 @@ grpc::Status AgentService::Authenticate(const grpc::ServerContext* context, cons
 }
 
 grpc::Status AgentService::CheckVersion(uint32_t version, const char* rpc) {
-  if (version == kProtocolVersion) return grpc::Status::OK;
+  std::string refusal = VersionRefusal(version, rpc);
+  if (refusal.empty()) return grpc::Status::OK;
   agent_->CountRejectedRequest();
-  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                      std::string(rpc) + ": protocol_version " + std::to_string(version) +
-                          " is not spoken by this agent (it speaks " +
-                          std::to_string(kProtocolVersion) +
-                          "); run the same rayfabric version on every node");
+  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, refusal);
 }
 
 grpc::Status AgentService::Info(grpc::ServerContext* context, const v1::InfoRequest* request,
@@ -126,13 +122,12 @@ grpc::Status AgentService::Pull(grpc::ServerContext* context, const v1::PullRequ
     agent_->CountRemotePull();
     return NotLocal("Pull", context->peer());
   }
-  grpc::Status v = CheckVersion(request->protocol_version(), "Pull");
-  if (!v.ok()) return v;
-  if (request->items_size() == 0 || request->items_size() > kMaxItemsPerRequest) {
-    agent_->CountRejectedRequest();
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "Pull needs 1.." + std::to_string(kMaxItemsPerRequest) + " items, got " +
-                            std::to_string(request->items_size()));
+  Status shape = agent_->CheckPullRequest(*request);
+  if (!shape.ok()) {
+    return grpc::Status(shape.code() == StatusCode::kVersionMismatch
+                            ? grpc::StatusCode::FAILED_PRECONDITION
+                            : grpc::StatusCode::INVALID_ARGUMENT,
+                        shape.message());
   }
   *reply =
       agent_->Pull(*request, DeadlineOf(context), [context] { return context->IsCancelled(); });

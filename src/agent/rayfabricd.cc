@@ -6,9 +6,11 @@
 //
 // Two ports: --listen (other agents: Info, LeaseObjects, ReleaseLeases, GetStatus) and the Unix
 // socket --local-socket (this node's processes; the only place Pull is served), both with the
-// Ray cluster's credentials (token / TLS, from Ray's environment variables: agent/auth.h).
+// Ray cluster's credentials (token / TLS, from Ray's environment variables: agent/auth.h). Pull
+// is also served without gRPC on the Unix socket <local-socket>.pull (agent/pull_socket.h).
 // Once serving it prints one line `RAYFABRICD_READY {json}` (address, local_socket, provider,
-// domain, fabrics: [{provider, domain, rdma}] best first, pid, token_auth, tls) to stdout; any
+// domain, fabrics: [{provider, domain, rdma}] best first, pid, token_auth, tls, pull_socket
+// ("" when it could not be opened: callers then use gRPC's local socket)) to stdout; any
 // startup error is one line `RAYFABRICD_ERROR {json}` and exit status 1.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
@@ -24,6 +26,7 @@
 
 #include "agent/agent.h"
 #include "agent/grpc_service.h"
+#include "agent/pull_socket.h"
 #include "rayfabric/hex.h"
 #include "rayfabric/log.h"
 
@@ -151,6 +154,17 @@ int main(int argc, char** argv) {
   if (chmod(flags->local_socket.c_str(), 0600) != 0) {
     return StartupError(rayfabric::Unavailable("chmod 0600 " + flags->local_socket + " failed"));
   }
+  // Pull without gRPC's cost per call; the gRPC local socket above serves it too.
+  std::unique_ptr<PullSocket> pull_socket;
+  {
+    auto opened = PullSocket::Start(flags->local_socket + ".pull", agent->get(), *credentials);
+    if (opened.ok()) {
+      pull_socket = std::move(*opened);
+    } else {
+      RF_LOG(kWarn, "no pull socket (" << opened.status().message()
+                                       << "): this node's processes pull over gRPC's local socket");
+    }
+  }
   const auto info = (*agent)->Info();
   std::string fabrics;
   for (const auto& f : info.fabrics()) {
@@ -165,11 +179,14 @@ int main(int argc, char** argv) {
             << ",\"domain\":" << JsonString(info.domain()) << ",\"fabrics\":[" << fabrics << "]"
             << ",\"pid\":" << info.pid()
             << ",\"token_auth\":" << (info.token_auth() ? "true" : "false")
-            << ",\"tls\":" << (info.tls() ? "true" : "false") << "}" << std::endl;
+            << ",\"tls\":" << (info.tls() ? "true" : "false")
+            << ",\"pull_socket\":" << JsonString(pull_socket ? pull_socket->path() : "") << "}"
+            << std::endl;
   int sig = 0;
   sigwait(&stop, &sig);
   RF_LOG(kInfo, "rayfabricd: signal " << sig << ", shutting down");
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  pull_socket.reset();
   agent->reset();
   unlink(flags->local_socket.c_str());
   return 0;

@@ -21,7 +21,7 @@ from ray.cluster_utils import Cluster
 import rayfabric
 from rayfabric import _agents
 from rayfabric import agent_pb2 as pb
-from rayfabric._client import AgentClient, error_name
+from rayfabric._client import AgentClient, PullSocketClient, error_name, pull_request
 
 from agent_front import AgentFront
 from ray_test_cluster import node_ids, on, use_this_checkout
@@ -498,10 +498,77 @@ def test_pull_behind_a_stuck_pull_of_the_same_object(cluster):
     assert wait_idle() == {}
 
 
-def test_a_cancelled_pull_lets_go_at_once(cluster):
-    """A caller that goes away (cancels its Pull) ends the agent's work on it: the object that Pull
-    was bringing in (from a source that hangs) is free for the next Pull within a moment, not
-    after the hung lease call's own bound (10 s). Without it the next Pull stands aside."""
+def caller_frame(caller, request, timeout_s):
+    """The bytes PullSocketClient sends for `request` (a test that plays the caller by hand)."""
+    import struct
+    body = request.SerializeToString()
+    return struct.pack("<4sIII", b"RFP1", int(timeout_s * 1000), len(caller._authorization), len(body)) + \
+        caller._authorization + body
+
+
+@ray.remote(num_cpus=0)
+def get_counting_faces(refs):
+    import rayfabric as rf
+    before = rf.stats()
+    values = rf.get(refs, timeout=120)
+    after = rf.stats()
+    return {"digests": [digest_of(v) for v in values], "setting": rf.api.PULL_SOCKET,
+            **{k: after[k] - before[k] for k in ("pull_calls_socket", "pull_calls_grpc", "objects_pulled",
+                                                 "fallbacks")}}
+
+
+@pytest.mark.parametrize("pull_socket", ["1", "0"])
+def test_pulls_are_asked_over_the_pull_socket(cluster, pull_socket):
+    """A process asks its node's agent for pulls over the agent's pull socket (no gRPC per call);
+    RAYFABRIC_PULL_SOCKET=0: over gRPC's local socket, as before. Same bytes either way."""
+    assert cluster["records"][cluster["nodes"]["n0"]]["pull_socket"].endswith(".pull")
+    refs = [on("n1", produce).remote("numpy", 4 * MiB, 91), on("n1", produce).remote("numpy", 3 * MiB, 92)]
+    ray.wait(refs, num_returns=2, fetch_local=False, timeout=120)
+    task = get_counting_faces.options(resources={"n0": 0.01},
+                                      runtime_env={"env_vars": {"RAYFABRIC_PULL_SOCKET": pull_socket}})
+    out = ray.get(task.remote(refs))
+    assert out["digests"] == [digest_of(make_value("numpy", n, s)) for n, s in ((4 * MiB, 91), (3 * MiB, 92))]
+    assert out["objects_pulled"] == 2 and out["fallbacks"] == 0, out
+    if pull_socket == "1":
+        assert out["setting"] and out["pull_calls_socket"] == 1 and out["pull_calls_grpc"] == 0, out
+    else:
+        assert not out["setting"] and out["pull_calls_socket"] == 0 and out["pull_calls_grpc"] == 1, out
+    del refs
+    assert wait_idle() == {}
+
+
+def test_a_kept_pull_socket_connection_outlives_its_agent(cluster):
+    """The driver keeps its pull-socket connection between gets; its node's agent dies and is
+    started again (a new process, the same socket path): the next get connects afresh and is
+    pulled, nothing falls back."""
+    n0 = cluster["nodes"]["n0"]
+    first = on("n1", produce).remote("numpy", 2 * MiB, 93)
+    ray.wait([first], fetch_local=False, timeout=120)
+    before = rayfabric.stats()
+    assert digest_of(rayfabric.get(first, timeout=60)) == digest_of(make_value("numpy", 2 * MiB, 93))
+    old_pid = cluster["records"][n0]["pid"]
+    assert ray.get(_agents.actor_of(n0).kill_agent.remote(signal.SIGKILL)) == -signal.SIGKILL
+    ray.get(_agents.actor_of(n0).restart.remote())
+    cluster["records"] = _agents.published()
+    assert cluster["records"][n0]["pid"] != old_pid
+    rayfabric.api._agents_cache["at"] = 0.0
+    second = on("n1", produce).remote("numpy", 2 * MiB, 94)
+    ray.wait([second], fetch_local=False, timeout=120)
+    assert digest_of(rayfabric.get(second, timeout=60)) == digest_of(make_value("numpy", 2 * MiB, 94))
+    after = rayfabric.stats()
+    assert after["objects_pulled"] - before["objects_pulled"] == 2, after
+    assert after["pull_calls_socket"] - before["pull_calls_socket"] == 2, after
+    assert after["fallbacks"] == before["fallbacks"], after["fallback_reasons"]
+    del first, second
+    assert wait_idle() == {}
+
+
+@pytest.mark.parametrize("face", ["grpc", "pull_socket"])
+def test_a_cancelled_pull_lets_go_at_once(cluster, face):
+    """A caller that goes away (cancels its gRPC call, or hangs up its pull socket) ends the
+    agent's work on it: the object that Pull was bringing in (from a source that hangs) is free for
+    the next Pull within a moment, not after the hung lease call's own bound (10 s). Without it
+    the next Pull stands aside."""
     ref = ray.put(make_value("numpy", 2 * MiB, 83))  # on n0
     hung = socket.socket()
     hung.bind(("127.0.0.1", 0))
@@ -509,11 +576,23 @@ def test_a_cancelled_pull_lets_go_at_once(cluster):
     stuck = pull_item(ref, f"127.0.0.1:{hung.getsockname()[1]}")
     real = pull_item(ref, cluster["records"][cluster["nodes"]["n0"]]["address"])
     c = client_of(cluster, "n1", local=True)
+    path = cluster["records"][cluster["nodes"]["n1"]]["pull_socket"]
     try:
-        future = c._pull.future(pb.PullRequest(protocol_version=pb.PROTOCOL_V2, items=[stuck], timeout_ms=30000),
-                                timeout=40)
+        if face == "grpc":
+            future = c._pull.future(pb.PullRequest(protocol_version=pb.PROTOCOL_V2, items=[stuck], timeout_ms=30000),
+                                    timeout=40)
+        else:
+            caller = PullSocketClient(path)
+            req, _ = pull_request([stuck], 30)
+            frame = caller_frame(caller, req, 40)
+            raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            raw.connect(path)
+            raw.sendall(frame)
         time.sleep(0.5)  # the agent has claimed the object and waits on the hung source
-        assert future.cancel()
+        if face == "grpc":
+            assert future.cancel()
+        else:
+            raw.close()
         t0 = time.monotonic()
         result = c.pull([real], 5).results[0]
         took = time.monotonic() - t0

@@ -13,6 +13,7 @@ import hashlib
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -26,7 +27,7 @@ from ray.cluster_utils import Cluster
 
 import rayfabric
 from rayfabric import agent_pb2 as pb
-from rayfabric._client import AgentClient, error_name, make_channel
+from rayfabric._client import AgentClient, PullSocketClient, PullSocketUnavailable, error_name, make_channel
 from rayfabric.bench import raylet_pid
 
 from agent_front import AgentFront
@@ -115,6 +116,7 @@ def fetch(refs, timeout=120):
                if n > before["fallback_reasons"].get(r, 0)}
     return {"digests": [hashlib.sha256(v.tobytes()).hexdigest() for v in values],
             "pulled": after["objects_pulled"] - before["objects_pulled"],
+            "over_pull_socket": after["pull_calls_socket"] - before["pull_calls_socket"],
             "fallbacks": after["fallbacks"] - before["fallbacks"], "reasons": reasons}
 
 
@@ -150,6 +152,8 @@ def test_get_works_end_to_end(cluster):
     out = ray.get(on("n0", fetch).remote([ref]))
     assert out["digests"] == [expected_digest(32 * MiB, 1)]
     assert out["pulled"] == 1 and out["fallbacks"] == 0, out
+    # Asked over the agent's pull socket, with the cluster's token where it has one.
+    assert out["over_pull_socket"] == 1, out
 
 
 def test_remote_pull_is_refused(cluster):
@@ -180,6 +184,164 @@ def test_remote_pull_is_refused(cluster):
     # The local socket serves it.
     reply = client(cluster, "n0", local=True).pull([item], 30)
     assert reply.results[0].outcome == pb.PULLED, reply
+
+
+def pull_socket_item(cluster, seed):
+    """A PullItem of a 2 MiB object on n1, for n0's agent; (ref, item)."""
+    ref = object_on("n1", 2 * MiB, seed)
+    size = ray.experimental.get_object_locations([ref])[ref]["object_size"]
+    owner = rayfabric.api._owner(ray._private.worker.global_worker.core_worker, ref)
+    return ref, pb.PullItem(object_id=ref.binary(), owner=owner, source_agent=record(cluster, "n1")["address"],
+                            object_size=size)
+
+
+def raw_exchange(path, data, close_write=False):
+    """Sends `data` on a fresh connection to `path`; (code, message) of the answer, or None when
+    the agent closed without one."""
+    import struct
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(path)  # blocking: waits for room in the listen backlog
+        s.settimeout(30)
+        s.sendall(data)
+        if close_write:
+            s.shutdown(socket.SHUT_WR)
+        head = b""
+        while len(head) < 8:
+            chunk = s.recv(8 - len(head))
+            if not chunk:
+                return None
+            head += chunk
+        code, n = struct.unpack("<II", head)
+        body = b""
+        while len(body) < n:
+            chunk = s.recv(n - len(body))
+            assert chunk, "the answer was cut"
+            body += chunk
+        return error_name(code) if code else "", body.decode(errors="replace")
+
+
+def frame(body, auth=b"", magic=b"RFP1", deadline_ms=30000, body_len=None, auth_len=None):
+    import struct
+    return struct.pack("<4sIII", magic, deadline_ms, len(auth) if auth_len is None else auth_len,
+                       len(body) if body_len is None else body_len) + auth + body
+
+
+@pytest.mark.skipif(MODE != "none", reason="the attacks on the pull socket's framing run on the plain cluster")
+def test_the_pull_socket_refuses_what_is_not_a_pull(cluster):
+    """Malformed frames, a foreign protocol version, no items: each answered with its reason,
+    counted, none creates anything, and the agent goes on serving."""
+    path = record(cluster, "n0")["pull_socket"]
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    ref, item = pull_socket_item(cluster, 11)
+    status = client(cluster, "n0")
+    rejected = status.status().requests_rejected
+    good = pb.PullRequest(protocol_version=pb.PROTOCOL_V2, items=[item], timeout_ms=30000).SerializeToString()
+    cases = [
+        (frame(good, magic=b"GET "), "InvalidArgument", "not a pull-socket request"),
+        (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "InvalidArgument", "not a pull-socket request"),  # gRPC's preface
+        (frame(b"", body_len=1 << 30), "InvalidArgument", "over the bounds"),
+        (frame(b"", auth_len=1 << 20), "InvalidArgument", "over the bounds"),
+        (frame(b"\xff" * 64), "InvalidArgument", "not a rayfabric.v1.PullRequest"),
+        (frame(pb.PullRequest(protocol_version=pb.PROTOCOL_V2 + 7, items=[item]).SerializeToString()),
+         "VersionMismatch", "is not spoken by this agent"),
+        (frame(pb.PullRequest(protocol_version=pb.PROTOCOL_V2).SerializeToString()), "InvalidArgument",
+         "Pull needs 1..100000 items, got 0"),
+    ]
+    for data, code, why in cases:
+        answer = raw_exchange(path, data)
+        assert answer is not None and answer[0] == code and why in answer[1], (data[:24], answer)
+    # A frame cut short, and a connection closed before a whole header: no answer, nothing kept.
+    assert raw_exchange(path, frame(good)[:-5], close_write=True) is None
+    assert raw_exchange(path, b"RFP1\x00\x00", close_write=True) is None
+    # Half a header, then nothing (the connection left open): closed by the agent after 10 s.
+    t0 = time.monotonic()
+    assert raw_exchange(path, b"RFP1\x00\x00") is None
+    assert 9 <= time.monotonic() - t0 < 25, time.monotonic() - t0
+    assert status.status().requests_rejected - rejected == len(cases)
+    assert not ray.get(on("n0", is_local).remote([ref]))[0], "a refused request created the object"
+    # The same connection serves request after request once they are well formed.
+    caller = PullSocketClient(path)
+    for _ in range(3):
+        reply = caller.pull([item], 30)
+        assert reply.results[0].outcome in (pb.PULLED, pb.ALREADY_LOCAL), reply
+    assert len(caller._idle) == 1
+    assert ray.get(on("n0", digest).remote([ref])) == [expected_digest(2 * MiB, 11)]
+
+
+@pytest.mark.skipif(MODE != "none", reason="runs on the plain cluster")
+def test_the_pull_socket_bounds_its_connections(cluster):
+    """256 connections held open (a thread each in the agent): the next is told so
+    (ResourceExhausted) and rayfabric.get's call goes over gRPC's local socket instead, pulled."""
+    path = record(cluster, "n0")["pull_socket"]
+    ref, item = pull_socket_item(cluster, 14)
+    held = []
+    try:
+        for _ in range(256):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(path)
+            held.append(s)
+        answer = raw_exchange(path, frame(b""))
+        assert answer is not None and answer[0] == "ResourceExhausted" and "at most 256" in answer[1], answer
+        with pytest.raises(PullSocketUnavailable):
+            PullSocketClient(path).pull([item], 30)
+        before = rayfabric.stats()
+        reply = rayfabric.api._ask_local_agent(record(cluster, "n0"), [item], 30)
+        assert reply.results[0].outcome == pb.PULLED, reply
+        after = rayfabric.stats()
+        assert after["pull_calls_grpc"] - before["pull_calls_grpc"] == 1, after
+        assert after["pull_calls_socket"] == before["pull_calls_socket"], after
+    finally:
+        for s in held:
+            s.close()
+    # Once they are gone, the socket serves again.
+    again = object_on("n1", 2 * MiB, 15)
+    out = ray.get(on("n0", fetch).remote([again]))
+    assert out["over_pull_socket"] == 1 and out["digests"] == [expected_digest(2 * MiB, 15)], out
+
+
+@pytest.mark.skipif(MODE != "none" or os.geteuid() != 0, reason="needs root to connect as another user")
+def test_the_pull_socket_serves_only_its_user(cluster):
+    """The socket is 0600; were it opened to everyone (a misconfigured directory or mode), the
+    agent still refuses a peer of another uid (SO_PEERCRED) before it reads a byte."""
+    path = record(cluster, "n0")["pull_socket"]
+    ref, item = pull_socket_item(cluster, 12)
+    good = frame(pb.PullRequest(protocol_version=pb.PROTOCOL_V2, items=[item], timeout_ms=30000).SerializeToString())
+    as_nobody = f"""
+import os, socket, struct, sys
+os.setgid(65534); os.setuid(65534)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    s.connect({path!r})
+except PermissionError:
+    print("EACCES"); sys.exit(0)
+s.sendall(bytes.fromhex({good.hex()!r}))
+head = s.recv(8)
+code, n = struct.unpack("<II", head)
+print(code, s.recv(n).decode())
+"""
+    run = lambda: subprocess.run(["python3", "-c", as_nobody], capture_output=True, text=True, timeout=60)
+    # As installed: the mode keeps the other user out.
+    out = run()
+    assert out.stdout.strip() == "EACCES", (out.stdout, out.stderr)
+    unauthenticated = client(cluster, "n0").status().requests_unauthenticated
+    # Opened to everyone: the socket, and a way through every directory above it.
+    opened = [(path, 0o600)]
+    d = os.path.dirname(path)
+    while d not in ("/", ""):
+        opened.append((d, os.stat(d).st_mode & 0o7777))
+        d = os.path.dirname(d)
+    for p, mode in opened:
+        os.chmod(p, 0o666 if p == path else mode | 0o001)
+    try:
+        out = run()
+    finally:
+        for p, mode in opened:
+            os.chmod(p, mode)
+    code, _, message = out.stdout.strip().partition(" ")
+    assert code and error_name(int(code)) == "PermissionDenied", (out.stdout, out.stderr)
+    assert "serves processes of this agent's user" in message and "uid 65534" in message, message
+    assert client(cluster, "n0").status().requests_unauthenticated - unauthenticated == 1
+    assert not ray.get(on("n0", is_local).remote([ref]))[0], "another user's request created the object"
 
 
 @ray.remote(num_cpus=0)
@@ -223,6 +385,18 @@ def test_calls_without_the_token_are_refused(cluster):
     # This node's processes report with the token (Ray's channel), as rayfabric.get does.
     client(cluster, "n0", local=True).report_fallbacks([("reported with the token", 2)])
     assert client(cluster, "n0").status().fallbacks - fallbacks == 2
+    # The pull socket wants it too: none, a wrong one, a bare token without "Bearer ".
+    ref, item = pull_socket_item(cluster, 13)
+    path = record(cluster, "n0")["pull_socket"]
+    unauthenticated = client(cluster, "n0").status().requests_unauthenticated
+    request = pb.PullRequest(protocol_version=pb.PROTOCOL_V2, items=[item], timeout_ms=30000).SerializeToString()
+    for auth in (b"", b"Bearer " + b"0" * 64, cluster["token"].encode()):
+        code, message = raw_exchange(path, frame(request, auth=auth))
+        assert code == "PermissionDenied" and "token" in message, (auth, code, message)
+    assert client(cluster, "n0").status().requests_unauthenticated - unauthenticated == 3
+    assert not ray.get(on("n0", is_local).remote([ref]))[0], "a request without the token created the object"
+    reply = PullSocketClient(path).pull([item], 30)  # this process's token (Ray's own)
+    assert reply.results[0].outcome == pb.PULLED, reply
     # With the cluster's token (what Ray's own channels send) every call is served.
     ok = AgentClient(address, channel=make_channel(address, insecure=True))
     good = [("authorization", "Bearer " + cluster["token"])]

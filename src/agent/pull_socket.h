@@ -1,0 +1,78 @@
+// The agent's pull socket: Pull for this node's processes over a plain Unix socket, beside the
+// gRPC one. Why: on the development VM a gRPC call over a Unix socket costs ~0.5 ms, a plain
+// socket round trip ~0.04 ms, and a 1 MiB get ~3 ms in all (docs/benchmarks.md, session 14).
+//
+// Who may ask, checked on every request as the gRPC face checks it: the socket is 0600 and the
+// peer's uid (SO_PEERCRED) must be the agent's or root's; the Ray cluster's token when it uses
+// one; the protocol version; 1..kMaxItemsPerRequest items. No TLS: the bytes never leave the
+// kernel, and a process that may open this socket may open the node's plasma socket, which
+// creates objects with no credentials at all.
+//
+// Frames, little-endian:
+//   request  "RFP1" | u32 deadline_ms | u32 authorization_len | u32 body_len
+//            | authorization ("Bearer <token>" or empty) | body (v1::PullRequest)
+//   reply    u32 code | u32 body_len | body
+//            (code 0: a v1::PullReply; else a v1::ErrorCode and a UTF-8 message)
+// deadline_ms: the caller's own deadline from now (0: none), as gRPC's deadline. A connection
+// carries any number of requests, one at a time, and is closed after kPullSocketIdleSeconds
+// without one. A malformed or unauthenticated request is answered with its reason and the
+// connection closed; a caller that hangs up cancels its pull.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "agent/agent.h"
+#include "agent/auth.h"
+#include "rayfabric/status.h"
+
+namespace rayfabric::agent {
+
+inline constexpr char kPullSocketMagic[4] = {'R', 'F', 'P', '1'};
+inline constexpr size_t kPullSocketMaxBody = 64u << 20;      // as gRPC's message bound
+inline constexpr size_t kPullSocketMaxAuthorization = 4096;  // "Bearer " + a token
+// One thread per connection; callers keep theirs between calls, so idle ones are closed (a caller
+// connects again, ~0.1 ms) and a node's many worker processes stay under the bound. A caller over
+// the bound is told so (RESOURCE_EXHAUSTED) and pulls over gRPC's local socket instead.
+inline constexpr int kPullSocketMaxConnections = 256;
+// A connection with nothing to read (idle, or a frame stalled half way) or a reply not taken for
+// this long is closed.
+inline constexpr int kPullSocketIdleSeconds = 10;
+
+class PullSocket {
+ public:
+  // Listens on `path` (replacing a stale socket there). `agent` outlives the PullSocket.
+  static Result<std::unique_ptr<PullSocket>> Start(const std::string& path, Agent* agent,
+                                                   Credentials credentials);
+  // Stops accepting, cancels the pulls under way and waits for their threads.
+  ~PullSocket();
+  PullSocket(const PullSocket&) = delete;
+  PullSocket& operator=(const PullSocket&) = delete;
+
+  const std::string& path() const { return path_; }
+
+ private:
+  PullSocket(std::string path, int listen_fd, Agent* agent, Credentials credentials);
+  void AcceptLoop();
+  void Serve(int fd);
+  // One request: false when the connection is to be closed.
+  bool ServeOne(int fd);
+  bool Refuse(int fd, StatusCode code, const std::string& why);
+
+  const std::string path_;
+  const int listen_fd_;
+  Agent* const agent_;
+  const Credentials credentials_;
+  std::atomic<bool> stopping_{false};
+  std::mutex mu_;
+  std::condition_variable ended_;
+  std::set<int> open_;  // connections being served (their threads are detached)
+  std::thread acceptor_;
+};
+
+}  // namespace rayfabric::agent
