@@ -33,13 +33,14 @@ def agent_binary():
 
 def _socket_path(node_hex):
     """The agent's local socket, in this node's Ray session directory (only the Ray user can reach
-    it; a Unix socket path has at most 107 bytes)."""
+    it; a Unix socket path has at most 107 bytes, and the agent's pull socket beside it adds
+    ".pull")."""
     try:
         session = ray._private.worker._global_node.get_session_dir_path()
     except Exception:  # noqa: BLE001 - not in a Ray process with a node
         session = tempfile.gettempdir()
     path = os.path.join(session, "sockets", f"rayfabric-{node_hex[:16]}.sock")
-    if len(path.encode()) > 107:
+    if len(path.encode()) > 107 - len(".pull"):
         path = os.path.join(tempfile.gettempdir(), f"rayfabric-{os.getuid()}-{node_hex[:16]}.sock")
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     return path

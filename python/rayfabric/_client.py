@@ -12,6 +12,8 @@ import os
 import socket
 import struct
 import threading
+import time
+import weakref
 
 import grpc
 
@@ -130,6 +132,9 @@ class AgentClient:
 
 
 PULL_SOCKET_MAGIC = b"RFP1"
+_PULL_SOCKET_CLIENTS = weakref.WeakSet()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: [c._after_fork() for c in list(_PULL_SOCKET_CLIENTS)])
 _GRPC_CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
@@ -158,9 +163,13 @@ class PullSocketUnavailable(PullSocketError):
     may still serve the pull."""
 
 
-def _recv_exact(sock, n):
+def _recv_exact(sock, n, deadline):
     chunks = []
     while n > 0:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("timed out")
+        sock.settimeout(left)
         chunk = sock.recv(min(n, 1 << 20))
         if not chunk:
             raise ConnectionError("the agent closed its pull socket before its answer ended")
@@ -169,58 +178,101 @@ def _recv_exact(sock, n):
     return b"".join(chunks)
 
 
+def _peer_uid(sock):
+    cred = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", cred)[1]
+
+
 class PullSocketClient:
     """Pull over this node's agent's pull socket. Connections are kept and reused, one per
-    call under way (threads of one process pull concurrently)."""
+    call under way (threads of one process pull concurrently). Nothing is sent to a socket that
+    a process of another user (not root) listens on: the request carries the cluster's token."""
 
     def __init__(self, path, authorization=None):
         self.path = path
         self._authorization = (cluster_authorization() if authorization is None else authorization).encode()
         self._idle = []
         self._lock = threading.Lock()
-        self._pid = os.getpid()
+        _PULL_SOCKET_CLIENTS.add(self)
 
-    def _take(self):
+    def _after_fork(self):
+        # The parent's connections are not this process's; the lock may have been held by a
+        # thread that does not exist here.
+        self._idle = []
+        self._lock = threading.Lock()
+
+    def _take(self, deadline):
         """(a connection, whether it was kept from an earlier call)."""
         with self._lock:
-            if self._pid != os.getpid():  # forked: the parent's connections are not ours
-                self._idle, self._pid = [], os.getpid()
             if self._idle:
                 return self._idle.pop(), True
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            # Bounded: an agent that stopped accepting (frozen, its backlog full) answers nothing.
+            sock.settimeout(max(0.001, min(2.0, deadline - time.monotonic())))
             sock.connect(self.path)
+            uid = _peer_uid(sock)
         except OSError as e:
             sock.close()
             raise PullSocketUnavailable(0, f"cannot connect to the agent's pull socket {self.path}: {e}") from e
+        if uid not in (os.getuid(), 0):
+            sock.close()
+            raise PullSocketUnavailable(0, f"{self.path} is served by a process of uid {uid}, not of this "
+                                           f"user ({os.getuid()}) or root: nothing sent to it")
         return sock, False
+
+    @staticmethod
+    def _refusal(sock, deadline):
+        """The answer already waiting after a failed send (the agent refused the connection and
+        closed it before reading), or None."""
+        try:
+            head = _recv_exact(sock, 8, min(deadline, time.monotonic() + 1.0))
+            code, n = struct.unpack("<II", head)
+            return code, _recv_exact(sock, n, min(deadline, time.monotonic() + 1.0))
+        except OSError:
+            return None
 
     def call(self, payload, timeout, authorization=None):
         """One framed request (`payload`: a serialized PullRequest); returns (code, reply bytes).
-        A kept connection that the agent closed meanwhile (it restarted) is replaced once."""
+        One deadline for the whole call. A kept connection that the agent closed meanwhile (idle,
+        or it restarted) is replaced, within that deadline."""
+        deadline = time.monotonic() + timeout
         auth = self._authorization if authorization is None else authorization
-        frame = struct.pack("<4sIII", PULL_SOCKET_MAGIC, max(1, int(timeout * 1000)), len(auth),
+        frame = struct.pack("<4sIII", PULL_SOCKET_MAGIC, min(2**32 - 1, max(1, int(timeout * 1000))), len(auth),
                             len(payload)) + auth + payload
         while True:
-            sock, kept = self._take()
-            answered = False
+            sock, kept = self._take(deadline)
             try:
-                sock.settimeout(timeout)
+                sock.settimeout(max(0.001, deadline - time.monotonic()))
                 sock.sendall(frame)
-                head = _recv_exact(sock, 8)
-                answered = True
-                code, n = struct.unpack("<II", head)
-                body = _recv_exact(sock, n)
-                break
+            except socket.timeout as e:
+                sock.close()
+                raise PullSocketError(0, f"no answer on {self.path} within {timeout:.1f} s", "DeadlineExceeded") from e
+            except OSError as e:
+                answer = self._refusal(sock, deadline)
+                sock.close()
+                if answer is not None:
+                    return answer
+                if kept:
+                    continue  # closed while idle: a fresh connection (PullSocketUnavailable if none)
+                raise PullSocketUnavailable(0, f"pull socket {self.path}: {e}") from e
+            try:
+                head = _recv_exact(sock, 8, deadline)
             except socket.timeout as e:
                 sock.close()  # the agent sees the hang-up and cuts the pull short
-                raise PullSocketError(0, f"no answer on {self.path} within {timeout:.1f} s",
-                                      "DeadlineExceeded") from e
+                raise PullSocketError(0, f"no answer on {self.path} within {timeout:.1f} s", "DeadlineExceeded") from e
             except OSError as e:
                 sock.close()
-                if kept and not answered:
-                    continue  # closed while idle: a fresh connection (PullSocketUnavailable if none)
+                if kept:
+                    continue  # closed while idle, before it read the request: asked again
                 raise PullSocketError(0, f"pull socket {self.path}: {e}") from e
+            code, n = struct.unpack("<II", head)
+            try:
+                body = _recv_exact(sock, n, deadline)
+            except OSError as e:
+                sock.close()
+                raise PullSocketError(0, f"pull socket {self.path}: the answer was cut: {e}") from e
+            break
         if code == 0:
             with self._lock:
                 self._idle.append(sock)

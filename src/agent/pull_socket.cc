@@ -34,16 +34,33 @@ void StoreLe32(unsigned char* p, uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
 }
 
-// Reads exactly n bytes; false on end of stream, error or SO_RCVTIMEO (the connection is then
-// closed).
-bool ReadFull(int fd, void* buf, size_t n) {
+// Reads exactly n bytes by `deadline`; false on end of stream, error or the deadline (the
+// connection is then closed). A deadline per frame, not per read: a peer that trickles bytes
+// holds its connection no longer than one that sends nothing.
+bool ReadFull(int fd, void* buf, size_t n, Clock::time_point deadline) {
   auto* p = static_cast<char*>(buf);
   while (n > 0) {
-    ssize_t got = recv(fd, p, n, 0);
-    if (got < 0 && errno == EINTR) continue;
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    struct pollfd readable = {fd, POLLIN, 0};
+    if (left <= 0 || poll(&readable, 1, static_cast<int>(left)) == 0) return false;
+    ssize_t got = recv(fd, p, n, MSG_DONTWAIT);
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (got <= 0) return false;
     p += got;
     n -= static_cast<size_t>(got);
+  }
+  return true;
+}
+
+// A request body, grown as its bytes arrive (a header alone commits no memory).
+bool ReadBody(int fd, std::string& body, size_t n, Clock::time_point deadline) {
+  constexpr size_t kStep = 1u << 20;
+  body.clear();
+  while (body.size() < n) {
+    const size_t at = body.size();
+    body.resize(at + std::min(kStep, n - at));
+    if (!ReadFull(fd, body.data() + at, body.size() - at, deadline)) return false;
   }
   return true;
 }
@@ -101,23 +118,36 @@ Result<std::unique_ptr<PullSocket>> PullSocket::Start(const std::string& path, A
     return Unavailable("pull socket: cannot listen on " + path + ": " + strerror(e) +
                        " (its directory missing or not writable?)");
   }
-  return std::unique_ptr<PullSocket>(new PullSocket(path, fd, agent, std::move(credentials)));
+  struct stat bound {};
+  if (stat(path.c_str(), &bound) != 0) {
+    const int e = errno;
+    close(fd);
+    return Unavailable("pull socket: " + path + " vanished after bind: " + strerror(e));
+  }
+  auto socket =
+      std::unique_ptr<PullSocket>(new PullSocket(path, fd, agent, std::move(credentials)));
+  socket->bound_dev_ = bound.st_dev;
+  socket->bound_ino_ = bound.st_ino;
+  socket->acceptor_ = std::thread([raw = socket.get()] { raw->AcceptLoop(); });
+  return socket;
 }
 
 PullSocket::PullSocket(std::string path, int listen_fd, Agent* agent, Credentials credentials)
     : path_(std::move(path)),
       listen_fd_(listen_fd),
       agent_(agent),
-      credentials_(std::move(credentials)) {
-  acceptor_ = std::thread([this] { AcceptLoop(); });
-}
+      credentials_(std::move(credentials)) {}
 
 PullSocket::~PullSocket() {
   stopping_ = true;
   shutdown(listen_fd_, SHUT_RDWR);  // wakes accept()
   acceptor_.join();
   close(listen_fd_);
-  unlink(path_.c_str());
+  // Only our own socket: a newer agent of this node may have bound the path since.
+  struct stat now {};
+  if (stat(path_.c_str(), &now) == 0 && now.st_dev == bound_dev_ && now.st_ino == bound_ino_) {
+    unlink(path_.c_str());
+  }
   std::unique_lock<std::mutex> lock(mu_);
   for (int fd : open_) shutdown(fd, SHUT_RDWR);  // wakes their reads; their pulls see stopping_
   ended_.wait(lock, [this] { return open_.empty(); });
@@ -127,14 +157,20 @@ void PullSocket::AcceptLoop() {
   while (!stopping_) {
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
+      if (stopping_) return;
       if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (!stopping_) RF_LOG(kWarn, "pull socket " << path_ << ": accept: " << strerror(errno));
-      if (errno == EMFILE || errno == ENFILE) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        continue;
-      }
-      return;
+      // Out of fds or memory, for now: never stop accepting (callers would queue in the
+      // backlog until their own timeouts), try again in a moment.
+      RF_LOG_LIMITED(RefusalLog(), kWarn,
+                     "pull socket " << path_ << ": accept: " << strerror(errno));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
     }
+    // A reply the caller does not take is given up after this long (it is small; this bounds
+    // only a caller that stopped reading).
+    struct timeval send_bound {};
+    send_bound.tv_sec = kPullSocketIdleSeconds;
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_bound, sizeof(send_bound));
     struct ucred peer {};
     socklen_t len = sizeof(peer);
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 ||
@@ -156,10 +192,6 @@ void PullSocket::AcceptLoop() {
       close(fd);
       continue;
     }
-    struct timeval idle {};
-    idle.tv_sec = kPullSocketIdleSeconds;
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &idle, sizeof(idle));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &idle, sizeof(idle));
     open_.insert(fd);
     try {
       std::thread([this, fd] { Serve(fd); }).detach();
@@ -189,8 +221,12 @@ bool PullSocket::Refuse(int fd, StatusCode code, const std::string& why) {
 
 bool PullSocket::ServeOne(int fd) {
   unsigned char header[16];
-  if (!ReadFull(fd, header, sizeof(header))) return false;  // closed by the caller, or idle
+  const auto idle = std::chrono::seconds(kPullSocketIdleSeconds);
+  // The first byte within the idle bound; the rest of the frame within as long again.
+  if (!ReadFull(fd, header, 1, Clock::now() + idle)) return false;  // closed by the caller, or idle
   const Clock::time_point received = Clock::now();
+  const Clock::time_point frame_by = received + idle;
+  if (!ReadFull(fd, header + 1, sizeof(header) - 1, frame_by)) return false;
   const uint32_t deadline_ms = LoadLe32(header + 4);
   const uint32_t auth_len = LoadLe32(header + 8);
   const uint32_t body_len = LoadLe32(header + 12);
@@ -208,16 +244,17 @@ bool PullSocket::ServeOne(int fd) {
                       std::to_string(kPullSocketMaxAuthorization) + " of authorization, " +
                       std::to_string(kPullSocketMaxBody) + " of request)");
   }
+  // The authorization first (it precedes the body): a caller without the token makes the agent
+  // hold no more than its 4 KiB.
   std::string authorization(auth_len, '\0');
-  std::string body(body_len, '\0');
-  if (!ReadFull(fd, authorization.data(), auth_len) || !ReadFull(fd, body.data(), body_len)) {
-    return false;  // cut mid-frame: nothing to answer
-  }
+  if (!ReadFull(fd, authorization.data(), auth_len, frame_by)) return false;  // cut mid-frame
   Status auth = credentials_.CheckAuthorization(authorization);
   if (!auth.ok()) {
     agent_->CountUnauthenticated();
     return Refuse(fd, auth.code(), "Pull: " + auth.message());
   }
+  std::string body;
+  if (!ReadBody(fd, body, body_len, frame_by)) return false;  // cut mid-frame: nothing to answer
   v1::PullRequest request;
   if (!request.ParseFromString(body)) {
     agent_->CountRejectedRequest();

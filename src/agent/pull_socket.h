@@ -27,6 +27,8 @@
 #include <string>
 #include <thread>
 
+#include <sys/types.h>
+
 #include "agent/agent.h"
 #include "agent/auth.h"
 #include "rayfabric/status.h"
@@ -40,8 +42,8 @@ inline constexpr size_t kPullSocketMaxAuthorization = 4096;  // "Bearer " + a to
 // connects again, ~0.1 ms) and a node's many worker processes stay under the bound. A caller over
 // the bound is told so (RESOURCE_EXHAUSTED) and pulls over gRPC's local socket instead.
 inline constexpr int kPullSocketMaxConnections = 256;
-// A connection with nothing to read (idle, or a frame stalled half way) or a reply not taken for
-// this long is closed.
+// A connection that sends nothing for this long, or takes longer to send the rest of a frame once
+// it began, or does not take a reply, is closed.
 inline constexpr int kPullSocketIdleSeconds = 10;
 
 class PullSocket {
@@ -73,6 +75,8 @@ class PullSocket {
   std::condition_variable ended_;
   std::set<int> open_;  // connections being served (their threads are detached)
   std::thread acceptor_;
+  dev_t bound_dev_ = 0;  // the socket file bind() made: unlinked at the end only if still ours
+  ino_t bound_ino_ = 0;
 };
 
 }  // namespace rayfabric::agent

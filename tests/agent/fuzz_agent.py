@@ -6,8 +6,9 @@ nothing left pinned, no lease left active once the fuzzer's leases expired.
 
 The CI form (meson test fuzz_agent) sends 20,000; the long form is the command above (see
 docs/agent.md for the last run). Requests go to both ports: the network port (Info, LeaseObjects,
-ReleaseLeases, GetStatus, and Pull and ReportFallbacks, which must be refused there) and the local
-Unix socket (Pull, ReportFallbacks).
+ReleaseLeases, GetStatus, and Pull and ReportFallbacks, which must be refused there), the local
+Unix socket (Pull, ReportFallbacks) and the pull socket (Pull framed as src/agent/pull_socket.h says,
+and raw bytes: random headers, lengths and magic, frames cut short).
 Kinds: random bytes as any method's payload; well-formed messages with random field values
 (random and nil ids, huge and zero TTLs, id lists up to the agent's limit and beyond, random lease
 ids and tokens, forged real lease ids); pull items with hostile sizes, bogus owners and source
@@ -19,6 +20,8 @@ import argparse
 import hashlib
 import os
 import random
+import socket
+import struct
 import sys
 import time
 
@@ -127,6 +130,45 @@ def one_request(rng, real_ids, granted, self_address):
     return method, req.SerializeToString(), rng.random() < 0.8
 
 
+def pull_socket_exchange(path, data):
+    """Sends `data` on a fresh pull-socket connection and closes the sending side; the answer's
+    error name ("ok" for code 0), or "closed" when the agent closed without one."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(path)
+        s.settimeout(30)
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        got = b""
+        while True:
+            chunk = s.recv(1 << 16)
+            if not chunk:
+                break
+            got += chunk
+            if len(got) >= 8 and len(got) >= 8 + struct.unpack("<II", got[:8])[1]:
+                break
+    if len(got) < 8:
+        return "closed"
+    code = struct.unpack("<II", got[:8])[0]
+    return "ok" if code == 0 else pb.ErrorCode.Name(code)
+
+
+def pull_socket_bytes(rng, payload):
+    """A Pull for the pull socket: mostly `payload` well framed; else hostile framing."""
+    kind = rng.random()
+    deadline = rng.choice([0, 1, 100, 30000, 2**32 - 1])
+    if kind < 0.6:
+        return struct.pack("<4sIII", b"RFP1", deadline, 0, len(payload)) + payload
+    if kind < 0.7:  # lengths that lie (longer than sent, or over the bounds)
+        return struct.pack("<4sIII", b"RFP1", deadline, rng.choice([0, 7, 4096, 4097, 2**32 - 1]),
+                           rng.choice([len(payload) + 1, 64 << 20, (64 << 20) + 1, 2**32 - 1])) + payload
+    if kind < 0.8:  # another magic
+        return struct.pack("<4sIII", rand_bytes(rng, 4), deadline, 0, len(payload)) + payload
+    if kind < 0.9:  # an authorization nobody asked for (accepted without token mode), any bytes
+        auth = rand_bytes(rng, rng.randrange(0, 300))
+        return struct.pack("<4sIII", b"RFP1", deadline, len(auth), len(payload)) + auth + payload
+    return rand_bytes(rng, rng.randrange(0, 64))  # raw bytes
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=100_000)
@@ -160,6 +202,12 @@ def main():
     for i in range(args.requests):
         method, payload, to_local = one_request(rng, real_ids, granted, target["address"])
         client = local if to_local else network
+        if method == "Pull" and to_local and rng.random() < 0.5:
+            outcome = "pull_socket_" + pull_socket_exchange(target["pull_socket"], pull_socket_bytes(rng, payload))
+            counts[outcome] = counts.get(outcome, 0) + 1
+            if outcome == "pull_socket_closed":
+                os.kill(pid, 0)  # raises if the agent died
+            continue
         try:
             client.raw_call(method, payload, timeout=10)
             counts["ok"] += 1

@@ -538,14 +538,22 @@ def test_pulls_are_asked_over_the_pull_socket(cluster, pull_socket):
 
 
 def test_a_kept_pull_socket_connection_outlives_its_agent(cluster):
-    """The driver keeps its pull-socket connection between gets; its node's agent dies and is
-    started again (a new process, the same socket path): the next get connects afresh and is
-    pulled, nothing falls back."""
+    """The driver keeps its pull-socket connection between gets. Left idle past the agent's bound
+    (closed there), and then after its node's agent died and was started again (a new process,
+    the same socket path): each next get connects afresh and is pulled, nothing falls back."""
     n0 = cluster["nodes"]["n0"]
+    kept = rayfabric.api._pull_socket_client(cluster["records"][n0]["pull_socket"])
     first = on("n1", produce).remote("numpy", 2 * MiB, 93)
     ray.wait([first], fetch_local=False, timeout=120)
     before = rayfabric.stats()
     assert digest_of(rayfabric.get(first, timeout=60)) == digest_of(make_value("numpy", 2 * MiB, 93))
+    assert len(kept._idle) >= 1, "the get kept no connection"
+    # Idle past the agent's bound (10 s): the agent closed it; the next get connects afresh.
+    time.sleep(11)
+    idle = on("n1", produce).remote("numpy", 2 * MiB, 95)
+    ray.wait([idle], fetch_local=False, timeout=120)
+    assert digest_of(rayfabric.get(idle, timeout=60)) == digest_of(make_value("numpy", 2 * MiB, 95))
+    assert len(kept._idle) >= 1
     old_pid = cluster["records"][n0]["pid"]
     assert ray.get(_agents.actor_of(n0).kill_agent.remote(signal.SIGKILL)) == -signal.SIGKILL
     ray.get(_agents.actor_of(n0).restart.remote())
@@ -556,10 +564,10 @@ def test_a_kept_pull_socket_connection_outlives_its_agent(cluster):
     ray.wait([second], fetch_local=False, timeout=120)
     assert digest_of(rayfabric.get(second, timeout=60)) == digest_of(make_value("numpy", 2 * MiB, 94))
     after = rayfabric.stats()
-    assert after["objects_pulled"] - before["objects_pulled"] == 2, after
-    assert after["pull_calls_socket"] - before["pull_calls_socket"] == 2, after
+    assert after["objects_pulled"] - before["objects_pulled"] == 3, after
+    assert after["pull_calls_socket"] - before["pull_calls_socket"] == 3, after
     assert after["fallbacks"] == before["fallbacks"], after["fallback_reasons"]
-    del first, second
+    del first, second, idle
     assert wait_idle() == {}
 
 
