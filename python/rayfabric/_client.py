@@ -159,8 +159,15 @@ class PullSocketError(Exception):
 
 
 class PullSocketUnavailable(PullSocketError):
-    """No connection to the pull socket could be made (nothing was sent): gRPC's local socket
-    may still serve the pull."""
+    """The pull socket could not be used (no connection could be made, or the agent's bound on
+    connections): gRPC's local socket may still serve the pull. Nothing was answered; a request
+    may have reached an agent that died meanwhile (a pull asked twice is read once)."""
+
+
+class PullSocketImpostor(PullSocketError):
+    """The process listening on the pull socket is of another user (not root): nothing was sent
+    to it, and nothing should go to its sibling gRPC socket either (whoever could bind one path
+    could bind the other)."""
 
 
 def _recv_exact(sock, n, deadline):
@@ -180,7 +187,7 @@ def _recv_exact(sock, n, deadline):
 
 def _peer_uid(sock):
     cred = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", cred)[1]
+    return struct.unpack("3I", cred)[1]
 
 
 class PullSocketClient:
@@ -217,8 +224,9 @@ class PullSocketClient:
             raise PullSocketUnavailable(0, f"cannot connect to the agent's pull socket {self.path}: {e}") from e
         if uid not in (os.getuid(), 0):
             sock.close()
-            raise PullSocketUnavailable(0, f"{self.path} is served by a process of uid {uid}, not of this "
-                                           f"user ({os.getuid()}) or root: nothing sent to it")
+            raise PullSocketImpostor(pb.ERROR_CODE_PERMISSION_DENIED,
+                                     f"{self.path} is served by a process of uid {uid}, not of this user "
+                                     f"({os.getuid()}) or root: nothing sent to it")
         return sock, False
 
     @staticmethod
@@ -238,10 +246,12 @@ class PullSocketClient:
         or it restarted) is replaced, within that deadline."""
         deadline = time.monotonic() + timeout
         auth = self._authorization if authorization is None else authorization
-        frame = struct.pack("<4sIII", PULL_SOCKET_MAGIC, min(2**32 - 1, max(1, int(timeout * 1000))), len(auth),
-                            len(payload)) + auth + payload
         while True:
             sock, kept = self._take(deadline)
+            # The caller's deadline as it stands now (a retry has less of it left).
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            frame = struct.pack("<4sIII", PULL_SOCKET_MAGIC, min(2**32 - 1, max(1, left_ms)), len(auth),
+                                len(payload)) + auth + payload
             try:
                 sock.settimeout(max(0.001, deadline - time.monotonic()))
                 sock.sendall(frame)

@@ -179,8 +179,9 @@ def _pull_socket_client(path):
 
 def _ask_local_agent(local, items, timeout_s, **kwargs):
     """The Pull call to this node's agent: its pull socket when it has one (and it is not turned
-    off), else gRPC on its local socket; a pull socket that cannot be connected (nothing sent yet)
-    is said once and the call goes to gRPC."""
+    off), else gRPC on its local socket; a pull socket that cannot be used (no connection, the
+    agent's bound on connections) is said once and the call goes to gRPC. One served by another
+    user raises (PullSocketImpostor): nothing goes to that directory's gRPC socket either."""
     path = local.get("pull_socket") if PULL_SOCKET else None
     if path:
         try:

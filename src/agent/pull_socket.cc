@@ -53,14 +53,14 @@ bool ReadFull(int fd, void* buf, size_t n, Clock::time_point deadline) {
   return true;
 }
 
-// A request body, grown as its bytes arrive (a header alone commits no memory).
+// A request body, grown by what arrives (a header alone commits no memory).
 bool ReadBody(int fd, std::string& body, size_t n, Clock::time_point deadline) {
-  constexpr size_t kStep = 1u << 20;
+  char chunk[64 << 10];
   body.clear();
   while (body.size() < n) {
-    const size_t at = body.size();
-    body.resize(at + std::min(kStep, n - at));
-    if (!ReadFull(fd, body.data() + at, body.size() - at, deadline)) return false;
+    const size_t step = std::min(sizeof(chunk), n - body.size());
+    if (!ReadFull(fd, chunk, step, deadline)) return false;
+    body.append(chunk, step);
   }
   return true;
 }
@@ -128,7 +128,11 @@ Result<std::unique_ptr<PullSocket>> PullSocket::Start(const std::string& path, A
       std::unique_ptr<PullSocket>(new PullSocket(path, fd, agent, std::move(credentials)));
   socket->bound_dev_ = bound.st_dev;
   socket->bound_ino_ = bound.st_ino;
-  socket->acceptor_ = std::thread([raw = socket.get()] { raw->AcceptLoop(); });
+  try {
+    socket->acceptor_ = std::thread([raw = socket.get()] { raw->AcceptLoop(); });
+  } catch (const std::system_error& e) {
+    return ResourceExhausted(std::string("pull socket: no thread to accept on it: ") + e.what());
+  }
   return socket;
 }
 
@@ -141,7 +145,7 @@ PullSocket::PullSocket(std::string path, int listen_fd, Agent* agent, Credential
 PullSocket::~PullSocket() {
   stopping_ = true;
   shutdown(listen_fd_, SHUT_RDWR);  // wakes accept()
-  acceptor_.join();
+  if (acceptor_.joinable()) acceptor_.join();
   close(listen_fd_);
   // Only our own socket: a newer agent of this node may have bound the path since.
   struct stat now {};
@@ -166,8 +170,8 @@ void PullSocket::AcceptLoop() {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       continue;
     }
-    // A reply the caller does not take is given up after this long (it is small; this bounds
-    // only a caller that stopped reading).
+    // A send the caller does not take is given up after this long (per send() call: a caller
+    // that reads slowly but reads is served).
     struct timeval send_bound {};
     send_bound.tv_sec = kPullSocketIdleSeconds;
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_bound, sizeof(send_bound));

@@ -2,11 +2,11 @@
 // gRPC one. Why: on the development VM a gRPC call over a Unix socket costs ~0.5 ms, a plain
 // socket round trip ~0.04 ms, and a 1 MiB get ~3 ms in all (docs/benchmarks.md, session 14).
 //
-// Who may ask, checked on every request as the gRPC face checks it: the socket is 0600 and the
-// peer's uid (SO_PEERCRED) must be the agent's or root's; the Ray cluster's token when it uses
-// one; the protocol version; 1..kMaxItemsPerRequest items. No TLS: the bytes never leave the
-// kernel, and a process that may open this socket may open the node's plasma socket, which
-// creates objects with no credentials at all.
+// Who may ask: the socket is 0600 and, once per connection, the peer's uid (SO_PEERCRED) must be
+// the agent's or root's; on every request, as the gRPC face checks them, the Ray cluster's token
+// when it uses one, the protocol version, 1..kMaxItemsPerRequest items. No TLS: the bytes never
+// leave the kernel, and a process that may open this socket may open the node's plasma socket,
+// which creates objects with no credentials at all.
 //
 // Frames, little-endian:
 //   request  "RFP1" | u32 deadline_ms | u32 authorization_len | u32 body_len
@@ -43,7 +43,7 @@ inline constexpr size_t kPullSocketMaxAuthorization = 4096;  // "Bearer " + a to
 // the bound is told so (RESOURCE_EXHAUSTED) and pulls over gRPC's local socket instead.
 inline constexpr int kPullSocketMaxConnections = 256;
 // A connection that sends nothing for this long, or takes longer to send the rest of a frame once
-// it began, or does not take a reply, is closed.
+// it began, or leaves one send() of a reply untaken this long, is closed.
 inline constexpr int kPullSocketIdleSeconds = 10;
 
 class PullSocket {

@@ -151,7 +151,9 @@ int main(int argc, char** argv) {
   }
   // Only this node's user may connect to the local socket (the session directory is the Ray
   // user's too).
-  if (chmod(flags->local_socket.c_str(), 0600) != 0) {
+  struct stat local_bound {};
+  if (chmod(flags->local_socket.c_str(), 0600) != 0 ||
+      stat(flags->local_socket.c_str(), &local_bound) != 0) {
     return StartupError(rayfabric::Unavailable("chmod 0600 " + flags->local_socket + " failed"));
   }
   // Pull without gRPC's cost per call; the gRPC local socket above serves it too.
@@ -188,6 +190,11 @@ int main(int argc, char** argv) {
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   pull_socket.reset();
   agent->reset();
-  unlink(flags->local_socket.c_str());
+  // Only our own socket: a newer agent of this node may have bound the path since.
+  struct stat now {};
+  if (stat(flags->local_socket.c_str(), &now) == 0 && now.st_dev == local_bound.st_dev &&
+      now.st_ino == local_bound.st_ino) {
+    unlink(flags->local_socket.c_str());
+  }
   return 0;
 }

@@ -130,14 +130,20 @@ def one_request(rng, real_ids, granted, self_address):
     return method, req.SerializeToString(), rng.random() < 0.8
 
 
-def pull_socket_exchange(path, data):
-    """Sends `data` on a fresh pull-socket connection and closes the sending side; the answer's
-    error name ("ok" for code 0), or "closed" when the agent closed without one."""
+def pull_socket_exchange(path, data, well_formed):
+    """Sends `data` on a fresh pull-socket connection; the answer's error name ("ok" for code 0),
+    or "closed" when the agent closed without one. Not well formed: the sending side is closed
+    after it (the agent then sees the frame end); well formed: left open, as callers do (a
+    caller that closes it hangs up, which cancels its pull)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.connect(path)
         s.settimeout(30)
-        s.sendall(data)
-        s.shutdown(socket.SHUT_WR)
+        s.connect(path)
+        try:
+            s.sendall(data)
+            if not well_formed:
+                s.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before it read all: the answer waits
         got = b""
         while True:
             chunk = s.recv(1 << 16)
@@ -153,11 +159,16 @@ def pull_socket_exchange(path, data):
 
 
 def pull_socket_bytes(rng, payload):
-    """A Pull for the pull socket: mostly `payload` well framed; else hostile framing."""
+    """A Pull for the pull socket: (bytes, well formed?), mostly `payload` well framed; else
+    hostile framing."""
     kind = rng.random()
     deadline = rng.choice([0, 1, 100, 30000, 2**32 - 1])
     if kind < 0.6:
-        return struct.pack("<4sIII", b"RFP1", deadline, 0, len(payload)) + payload
+        return struct.pack("<4sIII", b"RFP1", deadline, 0, len(payload)) + payload, True
+    return _hostile_frame(rng, kind, deadline, payload), False
+
+
+def _hostile_frame(rng, kind, deadline, payload):
     if kind < 0.7:  # lengths that lie (longer than sent, or over the bounds)
         return struct.pack("<4sIII", b"RFP1", deadline, rng.choice([0, 7, 4096, 4097, 2**32 - 1]),
                            rng.choice([len(payload) + 1, 64 << 20, (64 << 20) + 1, 2**32 - 1])) + payload
@@ -203,7 +214,7 @@ def main():
         method, payload, to_local = one_request(rng, real_ids, granted, target["address"])
         client = local if to_local else network
         if method == "Pull" and to_local and rng.random() < 0.5:
-            outcome = "pull_socket_" + pull_socket_exchange(target["pull_socket"], pull_socket_bytes(rng, payload))
+            outcome = "pull_socket_" + pull_socket_exchange(target["pull_socket"], *pull_socket_bytes(rng, payload))
             counts[outcome] = counts.get(outcome, 0) + 1
             if outcome == "pull_socket_closed":
                 os.kill(pid, 0)  # raises if the agent died

@@ -28,7 +28,8 @@ from ray.cluster_utils import Cluster
 
 import rayfabric
 from rayfabric import agent_pb2 as pb
-from rayfabric._client import AgentClient, PullSocketClient, PullSocketUnavailable, error_name, make_channel
+from rayfabric._client import (AgentClient, PullSocketClient, PullSocketImpostor, PullSocketUnavailable, error_name,
+                               make_channel)
 from rayfabric.bench import raylet_pid
 
 from agent_front import AgentFront
@@ -316,32 +317,47 @@ def test_the_pull_socket_bounds_its_connections(cluster):
 
 @pytest.mark.skipif(MODE != "none" or os.geteuid() != 0, reason="needs root to listen as another user")
 def test_a_pull_socket_of_another_user_is_not_told_anything(cluster):
-    """A socket at the pull socket's path served by another user (the agent gone, another user's
-    process bound the path): rayfabric's client checks who listens (SO_PEERCRED) and sends
-    nothing, no token, no request; the call goes to gRPC's local socket."""
+    """Sockets at an agent record's paths served by another user (the agent gone, another user's
+    process bound the paths): rayfabric's client checks who listens on the pull socket
+    (SO_PEERCRED) and sends nothing, no token, no request, and does not turn to the gRPC socket
+    beside it either; the get is left to Ray's path."""
     where = tempfile.mkdtemp(prefix="rayfabric-impostor-")  # in /tmp: reachable by uid 65534
     os.chmod(where, 0o777)
-    path = os.path.join(where, "impostor.sock.pull")
+    grpc_path = os.path.join(where, "impostor.sock")
+    path = grpc_path + ".pull"
     listener = subprocess.Popen(["python3", "-c", f"""
 import os, socket, sys
 os.setgid(65534); os.setuid(65534)
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.bind({path!r}); os.chmod({path!r}, 0o666); s.listen(4)
+socks = []
+for p in ({path!r}, {grpc_path!r}):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.bind(p); os.chmod(p, 0o666); s.listen(4)
+    s.settimeout(8)
+    socks.append(s)
 print("listening", flush=True)
-c, _ = s.accept()
-c.settimeout(5)
-try:
-    got = c.recv(1 << 16)
-except OSError:
-    got = b""
-print("received", len(got), flush=True)
+got = 0
+for s in socks:
+    try:
+        c, _ = s.accept()
+        c.settimeout(3)
+        got += len(c.recv(1 << 16))
+    except OSError:
+        pass
+print("received", got, flush=True)
 """], stdout=subprocess.PIPE, text=True)
     try:
         assert listener.stdout.readline().strip() == "listening"
         ref, item = pull_socket_item(cluster, 16)
-        with pytest.raises(PullSocketUnavailable) as refused:
+        with pytest.raises(PullSocketImpostor) as refused:
             PullSocketClient(path, authorization="Bearer " + "7" * 64).pull([item], 30)
         assert "uid 65534" in str(refused.value) and "nothing sent" in str(refused.value), refused.value
-        out, _ = listener.communicate(timeout=30)
+        assert refused.value.code().name == "PermissionDenied"
+        # rayfabric.get's own call: raises (the get is then left to Ray's path), no gRPC beside it.
+        before = rayfabric.stats()
+        with pytest.raises(PullSocketImpostor):
+            rayfabric.api._ask_local_agent({"pull_socket": path, "local_socket": grpc_path}, [item], 30)
+        after = rayfabric.stats()
+        assert after["pull_calls_grpc"] == before["pull_calls_grpc"], after
+        out, _ = listener.communicate(timeout=60)
         assert out.strip() == "received 0", out
     finally:
         listener.kill()

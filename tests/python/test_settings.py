@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def import_api(**env):
-    code = "import rayfabric.api as api; print('OWN_LOCATIONS', api.OWN_LOCATIONS)"
+    code = "import rayfabric.api as api; print('OWN_LOCATIONS', api.OWN_LOCATIONS, 'PULL_SOCKET', api.PULL_SOCKET)"
     full = {**os.environ, "PYTHONPATH": str(ROOT / "python"), **env}
     for k, v in env.items():
         if v is None:
@@ -32,3 +32,17 @@ def test_own_locations_bad_value_is_refused_with_the_reason():
     assert r.returncode != 0
     assert "RAYFABRIC_OWN_LOCATIONS='maybe': use 1 (the default" in r.stderr, r.stderr
     assert "or 0 (asked of the owner's RPC" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("value, expected", [(None, True), ("1", True), ("0", False), ("false", False)])
+def test_pull_socket_values(value, expected):
+    r = import_api(RAYFABRIC_PULL_SOCKET=value)
+    assert r.returncode == 0, r.stderr
+    assert f"PULL_SOCKET {expected}" in r.stdout
+
+
+def test_pull_socket_bad_value_is_refused_with_the_reason():
+    r = import_api(RAYFABRIC_PULL_SOCKET="grpc")
+    assert r.returncode != 0
+    assert "RAYFABRIC_PULL_SOCKET='grpc': use 1 (the default: pulls are asked of this node's agent over its " \
+           "pull socket) or 0 (over gRPC on its local socket)" in r.stderr, r.stderr
