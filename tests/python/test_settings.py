@@ -19,30 +19,28 @@ def import_api(**env):
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
 
 
+# (variable, name in rayfabric.api, a bad value, what its refusal must say)
+SWITCHES = [
+    ("RAYFABRIC_OWN_LOCATIONS", "OWN_LOCATIONS", "maybe",
+     "RAYFABRIC_OWN_LOCATIONS='maybe': use 1 (the default: the locations of what a process owns are read "
+     "from its own record) or 0 (asked of the owner's RPC"),
+    ("RAYFABRIC_PULL_SOCKET", "PULL_SOCKET", "grpc",
+     "RAYFABRIC_PULL_SOCKET='grpc': use 1 (the default: pulls are asked of this node's agent over its pull "
+     "socket) or 0 (over gRPC on its local socket)"),
+]
+
+
+@pytest.mark.parametrize("variable, name", [(v, n) for v, n, _, _ in SWITCHES])
 @pytest.mark.parametrize("value, expected", [(None, True), ("1", True), ("true", True), ("0", False),
                                              ("FALSE", False)])
-def test_own_locations_values(value, expected):
-    r = import_api(RAYFABRIC_OWN_LOCATIONS=value)
+def test_switch_values(variable, name, value, expected):
+    r = import_api(**{variable: value})
     assert r.returncode == 0, r.stderr
-    assert f"OWN_LOCATIONS {expected}" in r.stdout
+    assert f"{name} {expected}" in r.stdout
 
 
-def test_own_locations_bad_value_is_refused_with_the_reason():
-    r = import_api(RAYFABRIC_OWN_LOCATIONS="maybe")
+@pytest.mark.parametrize("variable, name, bad, why", SWITCHES)
+def test_switch_bad_value_is_refused_with_the_reason(variable, name, bad, why):
+    r = import_api(**{variable: bad})
     assert r.returncode != 0
-    assert "RAYFABRIC_OWN_LOCATIONS='maybe': use 1 (the default" in r.stderr, r.stderr
-    assert "or 0 (asked of the owner's RPC" in r.stderr, r.stderr
-
-
-@pytest.mark.parametrize("value, expected", [(None, True), ("1", True), ("0", False), ("false", False)])
-def test_pull_socket_values(value, expected):
-    r = import_api(RAYFABRIC_PULL_SOCKET=value)
-    assert r.returncode == 0, r.stderr
-    assert f"PULL_SOCKET {expected}" in r.stdout
-
-
-def test_pull_socket_bad_value_is_refused_with_the_reason():
-    r = import_api(RAYFABRIC_PULL_SOCKET="grpc")
-    assert r.returncode != 0
-    assert "RAYFABRIC_PULL_SOCKET='grpc': use 1 (the default: pulls are asked of this node's agent over its " \
-           "pull socket) or 0 (over gRPC on its local socket)" in r.stderr, r.stderr
+    assert why in r.stderr, r.stderr
