@@ -132,6 +132,18 @@ class AgentClient:
 
 
 PULL_SOCKET_MAGIC = b"RFP1"
+
+
+def pull_socket_frame(payload, deadline_ms, authorization=b"", *, magic=PULL_SOCKET_MAGIC,
+                      authorization_len=None, body_len=None):
+    """One pull-socket request (src/agent/pull_socket.h): "RFP1" | u32 deadline_ms |
+    u32 authorization_len | u32 body_len | authorization | body, little-endian. `magic` and the two
+    lengths can be set apart from what follows (tests that play a hostile caller)."""
+    return struct.pack("<4sIII", magic, deadline_ms,
+                       len(authorization) if authorization_len is None else authorization_len,
+                       len(payload) if body_len is None else body_len) + authorization + payload
+
+
 _PULL_SOCKET_CLIENTS = weakref.WeakSet()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=lambda: [c._after_fork() for c in list(_PULL_SOCKET_CLIENTS)])
@@ -250,8 +262,7 @@ class PullSocketClient:
             sock, kept = self._take(deadline)
             # The caller's deadline as it stands now (a retry has less of it left).
             left_ms = int((deadline - time.monotonic()) * 1000)
-            frame = struct.pack("<4sIII", PULL_SOCKET_MAGIC, min(2**32 - 1, max(1, left_ms)), len(auth),
-                                len(payload)) + auth + payload
+            frame = pull_socket_frame(payload, min(2**32 - 1, max(1, left_ms)), auth)
             try:
                 sock.settimeout(max(0.001, deadline - time.monotonic()))
                 sock.sendall(frame)

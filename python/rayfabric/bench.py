@@ -185,7 +185,9 @@ def _per_owner(get_object_locations):
 
 
 # The agent's steps of a Pull (PullPhases in agent.proto), and every phase the consumer records.
-AGENT_STEPS = ("lease", "create", "prepare", "post", "wait", "seal", "total")
+AGENT_STEPS = ("lease", "lease_served", "create", "prepare", "post", "wait", "seal", "total")
+# lease_served is part of lease: the source agent's own time answering (the rest is the RPC).
+STEP_NAMES = {"lease_served": "served"}
 PHASE_KEYS = ("wait", "locations", "pull_rpc", "local_get", "agent_object_max_s", "agent_object_sum_s") + tuple(
     "agent_" + step for step in AGENT_STEPS)
 
@@ -819,9 +821,10 @@ def format_breakdown(rows):
     if not with_phases:
         return []
     cols = ["wait", "locations", "pull_rpc"] + ["agent_" + s for s in AGENT_STEPS] + ["local_get", "python_other"]
-    names = ["wait", "locate", "Pull"] + list(AGENT_STEPS[:-1]) + ["agent", "ray.get", "other"]
+    names = ["wait", "locate", "Pull"] + [STEP_NAMES.get(s, s) for s in AGENT_STEPS[:-1]] + ["agent", "ray.get", "other"]
     out = ["where rayfabric.get's time goes, ms per get (Pull = the RPC to the local agent; lease..seal = "
-           "the agent's steps inside it, agent = its wall time for the Pull)",
+           "the agent's steps inside it, served = the source agent's own part of lease, agent = its wall "
+           "time for the Pull)",
            f"{'case':7s} {'object':26s} " + " ".join(f"{n:>8s}" for n in names)]
     for row in with_phases:
         ph = row["rayfabric"]["phases_ms"]

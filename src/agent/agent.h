@@ -137,13 +137,16 @@ class Agent {
                   const std::string& requester, plasma::PlasmaClient& store, uint64_t generation);
   // Unpins a leased object, on the connection it was pinned on if that one still lives.
   void Unpin(const LeasedObject& object);
+  // Lease's work, timed by Lease (the reply says how long the source took: LeaseReply.served_s).
+  v1::LeaseReply LeaseAll(const v1::LeaseRequest& request, const std::string& requester);
   void RefuseLease(v1::Lease& lease, const Status& why);
   // An early-answered Pull's view of its items (answer_when_claimed): which are settled (claimed
   // here, or finished) and a copy of each one's result for the early reply.
   class ClaimWatch;
   // Nanoseconds one Pull spent per step, summed over its concurrently pulled sources.
   struct PullPhaseTimes {
-    std::atomic<int64_t> lease{0}, create{0}, prepare{0}, post{0}, wait{0}, seal{0};
+    std::atomic<int64_t> lease{0}, lease_served{0}, create{0}, prepare{0}, post{0}, wait{0},
+        seal{0};
     std::atomic<uint32_t> waves{0};
     // Adds the time since `since` to `step`; returns now (the start of the next step).
     static std::chrono::steady_clock::time_point Lap(std::atomic<int64_t>& step,
@@ -213,7 +216,12 @@ class Agent {
   // releases. At shutdown the unanswered ones get kReleaseDrain in all, then are cancelled: such a
   // source must not hold the agent's exit (its leases expire there anyway).
   void QueueRelease(const std::string& source, v1::ReleaseRequest request);
-  struct PendingRelease;
+  struct PendingRelease {
+    std::string source;
+    grpc::ClientContext context;
+    v1::ReleaseRequest request;
+    v1::ReleaseReply reply;
+  };
 
   AgentOptions options_;
   std::mutex stores_mu_;

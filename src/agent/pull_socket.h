@@ -20,6 +20,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -27,10 +28,9 @@
 #include <string>
 #include <thread>
 
-#include <sys/types.h>
-
 #include "agent/agent.h"
 #include "agent/auth.h"
+#include "common/unix_socket.h"
 #include "rayfabric/status.h"
 
 namespace rayfabric::agent {
@@ -43,7 +43,7 @@ inline constexpr size_t kPullSocketMaxAuthorization = 4096;  // "Bearer " + a to
 // the bound is told so (RESOURCE_EXHAUSTED) and pulls over gRPC's local socket instead.
 inline constexpr int kPullSocketMaxConnections = 256;
 // A connection that sends nothing for this long, or takes longer to send the rest of a frame once
-// it began, or leaves one send() of a reply untaken this long, is closed.
+// it began, or does not take a reply within this long, is closed.
 inline constexpr int kPullSocketIdleSeconds = 10;
 
 class PullSocket {
@@ -51,32 +51,33 @@ class PullSocket {
   // Listens on `path` (replacing a stale socket there). `agent` outlives the PullSocket.
   static Result<std::unique_ptr<PullSocket>> Start(const std::string& path, Agent* agent,
                                                    Credentials credentials);
-  // Stops accepting, cancels the pulls under way and waits for their threads.
+  // Stops accepting, cancels the pulls under way, waits for their threads and unlinks the
+  // socket if it is still the one it bound (a newer agent of this node may have bound the path).
   ~PullSocket();
   PullSocket(const PullSocket&) = delete;
   PullSocket& operator=(const PullSocket&) = delete;
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return listener_.path(); }
 
  private:
-  PullSocket(std::string path, int listen_fd, Agent* agent, Credentials credentials);
+  PullSocket(UnixListener listener, Agent* agent, Credentials credentials);
   void AcceptLoop();
-  void Serve(int fd);
+  void Serve(std::unique_ptr<UnixStream> caller);
   // One request: false when the connection is to be closed.
-  bool ServeOne(int fd);
-  bool Refuse(int fd, StatusCode code, const std::string& why);
+  bool ServeOne(UnixStream& caller);
+  // Answers `why` (within `bound`) and says the connection is to be closed.
+  bool Refuse(
+      UnixStream& caller, StatusCode code, const std::string& why,
+      std::chrono::steady_clock::duration bound = std::chrono::seconds(kPullSocketIdleSeconds));
 
-  const std::string path_;
-  const int listen_fd_;
+  UnixListener listener_;
   Agent* const agent_;
   const Credentials credentials_;
   std::atomic<bool> stopping_{false};
   std::mutex mu_;
   std::condition_variable ended_;
-  std::set<int> open_;  // connections being served (their threads are detached)
+  std::set<UnixStream*> open_;  // connections being served (their threads are detached)
   std::thread acceptor_;
-  dev_t bound_dev_ = 0;  // the socket file bind() made: unlinked at the end only if still ours
-  ino_t bound_ino_ = 0;
 };
 
 }  // namespace rayfabric::agent

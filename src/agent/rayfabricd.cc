@@ -20,13 +20,16 @@
 
 #include <sys/un.h>
 
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <iostream>
 #include <string>
 
 #include "agent/agent.h"
 #include "agent/grpc_service.h"
 #include "agent/pull_socket.h"
+#include "common/unix_socket.h"
 #include "rayfabric/hex.h"
 #include "rayfabric/log.h"
 
@@ -151,11 +154,13 @@ int main(int argc, char** argv) {
   }
   // Only this node's user may connect to the local socket (the session directory is the Ray
   // user's too).
-  struct stat local_bound {};
-  if (chmod(flags->local_socket.c_str(), 0600) != 0 ||
-      stat(flags->local_socket.c_str(), &local_bound) != 0) {
-    return StartupError(rayfabric::Unavailable("chmod 0600 " + flags->local_socket + " failed"));
+  if (chmod(flags->local_socket.c_str(), 0600) != 0) {
+    const int err = errno;
+    return StartupError(rayfabric::Unavailable("chmod 0600 " + flags->local_socket +
+                                               " failed: " + std::strerror(err)));
   }
+  auto local_bound = rayfabric::BoundFile::Of(flags->local_socket);
+  if (!local_bound.ok()) return StartupError(local_bound.status());
   // Pull without gRPC's cost per call; the gRPC local socket above serves it too.
   std::unique_ptr<PullSocket> pull_socket;
   {
@@ -191,10 +196,6 @@ int main(int argc, char** argv) {
   pull_socket.reset();
   agent->reset();
   // Only our own socket: a newer agent of this node may have bound the path since.
-  struct stat now {};
-  if (stat(flags->local_socket.c_str(), &now) == 0 && now.st_dev == local_bound.st_dev &&
-      now.st_ino == local_bound.st_ino) {
-    unlink(flags->local_socket.c_str());
-  }
+  local_bound->UnlinkIfStill(flags->local_socket);
   return 0;
 }

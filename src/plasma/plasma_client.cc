@@ -15,12 +15,14 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "common/unix_socket.h"
 #include "plasma/protocol.h"
-#include "plasma/unix_socket.h"
 #include "rayfabric/log.h"
 
 namespace rayfabric::plasma {
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 constexpr size_t kRayIdSize = 28;  // NodeID and WorkerID, like ObjectID, are 28 bytes in Ray
 // The store maps each segment with 8 bytes more than it hands out (Ray's kMmapRegionsGap);
@@ -908,8 +910,14 @@ Result<std::unique_ptr<PlasmaClient>> PlasmaClient::Connect(const std::string& s
     return InvalidArgument("request_timeout_ms must be in [1, " + std::to_string(kMaxTimeoutMs) +
                            "]");
   }
-  RF_ASSIGN_OR_RETURN(UnixStream stream, UnixStream::Connect(socket_path));
-  auto impl = std::make_unique<Impl>(std::move(stream), options);
+  auto stream = UnixStream::Connect(socket_path, "the plasma store (the raylet)");
+  if (!stream.ok()) {
+    if (stream.status().code() != StatusCode::kUnavailable) return stream.status();
+    return Unavailable(stream.status().message() +
+                       "; is the raylet of this node running, and is this the socket of its "
+                       "session (ray.nodes()[i]['ObjectStoreSocketName'])?");
+  }
+  auto impl = std::make_unique<Impl>(std::move(*stream), options);
   auto capacity = impl->Handshake();
   if (!capacity.ok()) return capacity.status().WithContext("plasma store at " + socket_path);
   RF_LOG(kInfo,

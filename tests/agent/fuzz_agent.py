@@ -33,7 +33,7 @@ from ray.cluster_utils import Cluster
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import rayfabric  # noqa: E402
 from rayfabric import agent_pb2 as pb  # noqa: E402
-from rayfabric._client import AgentClient  # noqa: E402
+from rayfabric._client import AgentClient, pull_socket_frame  # noqa: E402
 
 MiB = 1 << 20
 METHODS = ["Info", "LeaseObjects", "ReleaseLeases", "Pull", "GetStatus", "ReportFallbacks"]
@@ -164,7 +164,7 @@ def pull_socket_bytes(rng, payload):
     kind = rng.random()
     deadline = rng.choice([0, 1, 100, 30000, 2**32 - 1])
     if kind < 0.6:
-        return struct.pack("<4sIII", b"RFP1", deadline, 0, len(payload)) + payload, True
+        return pull_socket_frame(payload, deadline), True
     return _hostile_frame(rng, kind, deadline, payload), False
 
 

@@ -500,10 +500,8 @@ def test_pull_behind_a_stuck_pull_of_the_same_object(cluster):
 
 def caller_frame(caller, request, timeout_s):
     """The bytes PullSocketClient sends for `request` (a test that plays the caller by hand)."""
-    import struct
-    body = request.SerializeToString()
-    return struct.pack("<4sIII", b"RFP1", int(timeout_s * 1000), len(caller._authorization), len(body)) + \
-        caller._authorization + body
+    from rayfabric._client import pull_socket_frame
+    return pull_socket_frame(request.SerializeToString(), int(timeout_s * 1000), caller._authorization)
 
 
 @ray.remote(num_cpus=0)
@@ -764,6 +762,82 @@ def test_releases_to_a_source_that_does_not_answer(cluster):
         cluster["records"] = _agents.published()
     # The held releases reach the source once it answers again (NotFound: already released then).
     assert len(codes) == 3 and set(codes) <= {"", "NotFound"}, codes
+    del refs
+    assert wait_idle() == {}
+
+
+class _SlowLeaseFront(AgentFront):
+    """A real agent behind a front that holds each LeaseObjects `delay` seconds before passing it
+    on, as a long or busy link between two agents would, and can put a served_s of its choosing in
+    the reply, as a broken or hostile source could."""
+
+    def __init__(self, target, delay, served_s=None):
+        self.delay = delay
+        self.served_s = served_s
+        super().__init__(target)
+
+    def forward(self, method, payload):
+        if method == "LeaseObjects":
+            time.sleep(self.delay)
+        reply = super().forward(method, payload)
+        if method == "LeaseObjects" and self.served_s is not None:
+            lease = pb.LeaseReply.FromString(reply)
+            lease.served_s = self.served_s
+            reply = lease.SerializeToString()
+        return reply
+
+
+def test_a_pull_says_how_much_of_its_lease_was_the_source_and_how_much_the_way(cluster):
+    """The Pull's phases split the lease: lease_s is the reader's round trip, lease_served_s the
+    source agent's own time answering (LeaseReply.served_s). Proven with a front that adds 300 ms
+    on the way: the round trip grows by it, the source's own part does not; a source's own time
+    grows with its work (400 leases against one); and a source that lies about it (NaN, negative,
+    infinite, an hour) is believed no further than the round trip."""
+    n0 = cluster["nodes"]["n0"]
+    source = client_of(cluster, "n0")
+    one = ray.put(make_value("bytes", 1 * MiB, 97))
+    many = [ray.put(make_value("bytes", 256 * 1024, 1000 + i)) for i in range(400)]
+    try:
+        single = source.lease([one.binary()])
+        bulk = source.lease([r.binary() for r in many], timeout=60)
+        assert [g.error_code for g in single.leases] == [0], single
+        assert all(g.error_code == 0 for g in bulk.leases), names(g.error_code for g in bulk.leases)
+        print(f"\na source's own time: {single.served_s * 1e3:.3f} ms for one lease, "
+              f"{bulk.served_s * 1e3:.3f} ms for {len(many)}")
+        assert 0 < single.served_s < bulk.served_s < 60, (single.served_s, bulk.served_s)
+        granted = [(g.lease_id, g.token) for g in list(single.leases) + list(bulk.leases)]
+        assert set(names(source.release(granted).error_codes)) == {""}
+    finally:
+        source.close()
+    del one, many
+
+    refs = [ray.put(make_value("bytes", 2 * MiB, 98 + i)) for i in range(6)]  # on n0
+    fronts = [_SlowLeaseFront(cluster["records"][n0]["address"], 0.3)] + [
+        _SlowLeaseFront(cluster["records"][n0]["address"], 0.0, lie)
+        for lie in (float("nan"), -1.0, float("inf"), 3600.0)]
+    c = client_of(cluster, "n1", local=True)
+    try:
+        plain = c.pull([pull_item(refs[0], cluster["records"][n0]["address"])], 30)
+        slow = c.pull([pull_item(refs[1], fronts[0].address)], 30)
+        lied = [c.pull([pull_item(r, f.address)], 30) for r, f in zip(refs[2:], fronts[1:])]
+    finally:
+        c.close()
+        for f in fronts:
+            f.close(grace=5)
+    for reply in [plain, slow] + lied:
+        assert reply.results[0].outcome == pb.PULLED, reply
+        ph = reply.phases
+        assert 0 <= ph.lease_served_s <= ph.lease_s <= ph.total_s, ph
+    print(f"lease round trip {plain.phases.lease_s * 1e3:.2f} ms (source's own "
+          f"{plain.phases.lease_served_s * 1e3:.2f} ms); through a 300 ms front "
+          f"{slow.phases.lease_s * 1e3:.2f} ms (source's own {slow.phases.lease_served_s * 1e3:.2f} ms)")
+    assert plain.phases.lease_served_s > 0, plain.phases
+    assert slow.phases.lease_s >= 0.3, slow.phases
+    assert slow.phases.lease_s - slow.phases.lease_served_s >= 0.3, slow.phases
+    assert 0 < slow.phases.lease_served_s < 0.25, slow.phases  # the delay is on the way, not at the source
+    nan, negative, infinite, hour = (r.phases for r in lied)
+    assert nan.lease_served_s == 0 and negative.lease_served_s == 0, (nan, negative)
+    assert infinite.lease_served_s == infinite.lease_s and hour.lease_served_s == hour.lease_s, (infinite, hour)
     del refs
     assert wait_idle() == {}
 

@@ -226,9 +226,8 @@ def raw_exchange(path, data, close_write=False):
 
 
 def frame(body, auth=b"", magic=b"RFP1", deadline_ms=30000, body_len=None, auth_len=None):
-    import struct
-    return struct.pack("<4sIII", magic, deadline_ms, len(auth) if auth_len is None else auth_len,
-                       len(body) if body_len is None else body_len) + auth + body
+    from rayfabric._client import pull_socket_frame
+    return pull_socket_frame(body, deadline_ms, auth, magic=magic, authorization_len=auth_len, body_len=body_len)
 
 
 @pytest.mark.skipif(MODE != "none", reason="the attacks on the pull socket's framing run on the plain cluster")

@@ -1,0 +1,1056 @@
+#include "agent/agent.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <optional>
+#include <set>
+#include <system_error>
+
+#include "rayfabric/hex.h"
+#include "rayfabric/log.h"
+#include "rayfabric/memory.h"
+#include "rayfabric/object_id.h"
+
+// The pull side: a Pull's objects leased from their source agents, created here, read over the
+// fabric, sealed (or aborted and quarantined), and the leases released.
+namespace rayfabric::agent {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Objects created locally and read at once are bounded per wave, so that a large pull does not
+// fill the local store with unsealed replicas before any of them is sealed.
+constexpr size_t kWaveObjects = 512;
+constexpr uint64_t kWaveBytes = 1ULL << 30;
+// Replicas created (and later sealed) with one store round trip: the reads of one group start
+// while the next group is created.
+constexpr size_t kCreateGroup = 64;
+// A replica's pages mapped before its read is posted (PopulateForWrite); the rest while it runs.
+constexpr uint64_t kPopulateAhead = 8ULL << 20;
+constexpr uint64_t kPopulateStep = 64ULL << 20;
+constexpr auto kRpcTimeout = std::chrono::seconds(10);
+
+// gRPC deadlines are system_clock; ours are steady_clock.
+std::chrono::system_clock::time_point ToSystem(Clock::time_point t) {
+  return std::chrono::system_clock::now() +
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(t - Clock::now());
+}
+
+std::string ShortHex(const std::string& binary) { return BytesToHex(binary).substr(0, 16); }
+
+void SetError(v1::PullResult& r, const Status& s) {
+  r.set_outcome(v1::FAILED);
+  r.set_error_code(ToErrorCode(s.code()));
+  r.set_error(s.message());
+}
+
+// The margin a reader asks for beyond its own deadline, and (at most) how close to its lease's end
+// a read may still start.
+constexpr auto kLeaseMargin = std::chrono::seconds(2);
+// How often a pull looks whether its caller went away.
+constexpr auto kCancelPoll = std::chrono::milliseconds(100);
+// How often a Pull asks whether its caller went away, at most (PullBounds::Cancelled).
+constexpr auto kCancelCheckEvery = std::chrono::milliseconds(5);
+// Early-answered Pulls (answer_when_claimed) reading in the background at once, at most.
+constexpr int kMaxBackgroundPulls = 64;
+// An early answer leaves the caller's deadline this much time to travel.
+constexpr auto kReplyMargin = std::chrono::milliseconds(250);
+// A provider whose reads from a source all failed is not offered to that source for this long.
+constexpr auto kUnusableFor = std::chrono::seconds(60);
+
+// Runs one asynchronous unary call (`start` hands gRPC its completion callback) and waits for it,
+// cancelling it if the pull's caller goes away or its deadline passes.
+grpc::Status CancellableCall(grpc::ClientContext& context, const std::function<bool()>& cancelled,
+                             const std::function<void(std::function<void(grpc::Status)>)>& start) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status result;
+  start([&](grpc::Status s) {
+    std::lock_guard<std::mutex> lock(mu);
+    result = std::move(s);
+    done = true;
+    cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(mu);
+  bool sent_cancel = false;
+  while (!cv.wait_for(lock, kCancelPoll, [&] { return done; })) {
+    if (!sent_cancel && cancelled && cancelled()) {
+      sent_cancel = true;
+      lock.unlock();
+      context.TryCancel();  // gRPC may run the callback inline: not under our lock
+      lock.lock();
+    }
+  }
+  return result;
+}
+
+Status FromGrpc(const grpc::Status& s, const std::string& what) {
+  switch (s.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return Unavailable(what + ": " + s.error_message() +
+                         " (is rayfabricd running on that node? `rayfabric status`)");
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return VersionMismatch(what + ": " + s.error_message());
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return InvalidArgument(what + ": " + s.error_message());
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return PermissionDenied(what + ": " + s.error_message() +
+                              " (do both nodes use the same Ray cluster token?)");
+    default:
+      return ProtocolError(what + ": gRPC " + std::to_string(s.error_code()) + ": " +
+                           s.error_message());
+  }
+}
+
+// Where a lease says the object's bytes lie, checked to add up to exactly `size` bytes (a source
+// that describes more or less is refused: never a replica of its choosing).
+Status ParseSlices(const v1::Lease& lease, uint64_t size, std::vector<fabric::RemoteSlice>& out) {
+  out.clear();
+  if (lease.slices_size() == 0) {  // a source that predates slices: one region holds it all
+    RF_ASSIGN_OR_RETURN(fabric::RemoteRegion region, fabric::RemoteRegion::Parse(lease.region()));
+    out.push_back({region, lease.offset(), size});
+    return Status::OK();
+  }
+  uint64_t total = 0;
+  for (const v1::LeaseSlice& slice : lease.slices()) {
+    RF_ASSIGN_OR_RETURN(fabric::RemoteRegion region, fabric::RemoteRegion::Parse(slice.region()));
+    if (slice.length() == 0 || slice.length() > size - std::min(total, size)) {
+      return OutOfRange("its slices describe more than the object's " + std::to_string(size) +
+                        " bytes: refused");
+    }
+    total += slice.length();
+    out.push_back({region, slice.offset(), slice.length()});
+  }
+  if (total != size) {
+    return OutOfRange("its slices describe " + std::to_string(total) + " of the object's " +
+                      std::to_string(size) + " bytes: refused");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+// One object of a Pull: its request, its result, and what it holds while in flight.
+struct Agent::PullJob {
+  size_t index = 0;  // in the Pull's items
+  const v1::PullItem* item = nullptr;
+  v1::PullResult* result = nullptr;
+  ObjectId id;
+  v1::Lease lease;
+  bool leased = false;
+  bool created = false;
+  plasma::ObjectBuffer replica;
+  std::vector<fabric::RemoteSlice> remote;  // where the leased bytes lie at the source, in order
+  // The same bytes on the source's further rails (2, 3, ...) this node can pair with.
+  std::vector<std::vector<fabric::RemoteSlice>> rail_remote;
+  fabric::Transfer transfer;
+  size_t rails_used = 0;       // rails its read striped across
+  bool fabric_failed = false;  // its read failed on the fabric (to try over another provider)
+  Clock::time_point started;
+  Clock::time_point lease_expires;  // by our clock, counted from before the lease was asked
+};
+
+void Agent::ReapAbandonedCreates() {
+  StorePtr store = PullStore();
+  if (store->abandoned_creates() == 0) return;
+  auto aborted = store->ReapAbandonedCreates();
+  if (aborted.ok() && *aborted > 0) {
+    abandoned_creates_aborted_ += *aborted;
+    RF_LOG(kInfo, *aborted << " replica(s) whose create was given up while the store was full "
+                              "were created since, and aborted");
+  }
+}
+
+void Agent::SweepQuarantine() {
+  std::vector<Quarantined> drained;
+  {
+    std::lock_guard<std::mutex> lock(quarantine_mu_);
+    for (auto it = quarantine_.begin(); it != quarantine_.end();) {
+      if (it->transfer.Quiesced()) {
+        drained.push_back(std::move(*it));
+        it = quarantine_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const Quarantined& q : drained) {
+    RF_LOG(kInfo, "replica of object " << q.id.Hex() << ": its failed read has drained; aborted");
+    (void)q.store->Abort(q.id);
+  }
+}
+
+void Agent::EndFailedReplica(PullJob& job, const StorePtr& store) {
+  // Nothing of a failed read may land in memory the store reuses: the engine reports a failed
+  // transfer only once its operations are drained (or its endpoint was reset). Where it could do
+  // neither, the replica stays created and unsealed, which keeps the store from reusing it.
+  if (!job.transfer.Done()) {
+    job.transfer.Cancel("the pull gave up on it");
+    (void)job.transfer.Wait(std::chrono::milliseconds(drain_timeout_ms_ + 5000));
+  }
+  if (job.transfer.Quiesced()) {
+    (void)store->Abort(job.id);
+  } else {
+    ++replicas_quarantined_;
+    RF_LOG(kWarn, "replica of object " << job.id.Hex()
+                                       << " kept unsealed: its failed read still has operations "
+                                          "outstanding (aborted once they drain)");
+    std::lock_guard<std::mutex> lock(quarantine_mu_);
+    quarantine_.push_back({job.id, job.transfer, store});
+  }
+  job.created = false;
+}
+
+class Agent::ClaimWatch {
+ public:
+  explicit ClaimWatch(size_t n) : results_(n), settled_(n, false) {}
+
+  void Settle(size_t index, const v1::PullResult& result, bool claimed) {
+    std::lock_guard<std::mutex> lock(mu_);
+    results_[index] = result;
+    if (claimed) results_[index].set_outcome(v1::CLAIMED);
+    if (!settled_[index]) {
+      settled_[index] = true;
+      ++count_;
+    }
+    cv_.notify_all();
+  }
+  void Finish() {
+    std::lock_guard<std::mutex> lock(mu_);
+    finished_ = true;
+    cv_.notify_all();
+  }
+  // What is known when every item is settled, the pull ended, `deadline` passed, or the caller
+  // went away.
+  v1::PullReply Wait(Clock::time_point deadline, const std::function<bool()>& cancelled) {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto settled = [&] { return finished_ || count_ == results_.size(); };
+    while (!settled() && Clock::now() < deadline && !(cancelled && cancelled())) {
+      cv_.wait_until(lock, std::min(deadline, Clock::now() + kCancelPoll), settled);
+    }
+    v1::PullReply reply;
+    for (size_t i = 0; i < results_.size(); ++i) {
+      v1::PullResult* r = reply.add_results();
+      *r = results_[i];
+      if (!settled_[i]) {
+        SetError(*r, TimedOut("not claimed by the caller's deadline; the pull goes on"));
+      }
+    }
+    return reply;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<v1::PullResult> results_;
+  std::vector<bool> settled_;
+  size_t count_ = 0;
+  bool finished_ = false;
+};
+
+void Agent::Settle(const PullBounds& bounds, const std::vector<PullJob*>& jobs) {
+  if (bounds.claims == nullptr) return;
+  for (const PullJob* job : jobs) {
+    if (job->created) {
+      bounds.claims->Settle(job->index, *job->result, true);
+    } else if (job->result->outcome() != v1::PULL_OUTCOME_UNSPECIFIED) {
+      bounds.claims->Settle(job->index, *job->result, false);
+    }
+  }
+}
+
+Status Agent::CheckPullRequest(const v1::PullRequest& request) {
+  std::string refusal = VersionRefusal(request.protocol_version(), "Pull");
+  if (!refusal.empty()) {
+    ++requests_rejected_;
+    return Status(StatusCode::kVersionMismatch, refusal);
+  }
+  if (request.items_size() == 0 || request.items_size() > kMaxItemsPerRequest) {
+    ++requests_rejected_;
+    return InvalidArgument("Pull needs 1.." + std::to_string(kMaxItemsPerRequest) + " items, got " +
+                           std::to_string(request.items_size()));
+  }
+  return Status::OK();
+}
+
+v1::PullReply Agent::Pull(const v1::PullRequest& request, Clock::time_point caller_deadline,
+                          std::function<bool()> cancelled) {
+  if (!request.answer_when_claimed()) {
+    return RunPull(request, caller_deadline, std::move(cancelled), nullptr);
+  }
+  // Answered once every object is claimed; the reads go on here, bounded by the request's own
+  // timeout (not by the caller, who has its answer by then), and are cut short at exit.
+  const auto deadline =
+      Clock::now() +
+      std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms() : op_timeout_ms_);
+  auto copy = std::make_shared<v1::PullRequest>(request);
+  auto watch = std::make_shared<ClaimWatch>(static_cast<size_t>(request.items_size()));
+  {
+    std::lock_guard<std::mutex> lock(background_mu_);
+    if (stopping_pulls_) {
+      v1::PullReply reply;
+      for (const v1::PullItem& item : request.items()) {
+        v1::PullResult* r = reply.add_results();
+        r->set_object_id(item.object_id());
+        SetError(*r, Aborted("the agent is stopping"));
+      }
+      return reply;
+    }
+    if (background_pulls_ >= kMaxBackgroundPulls) {
+      // Bounded like the gRPC handler threads it stands in for: past the bound, answered when
+      // done.
+      return RunPull(request, caller_deadline, std::move(cancelled), nullptr);
+    }
+    ++background_pulls_;
+  }
+  auto ended = [this] {
+    std::lock_guard<std::mutex> lock(background_mu_);
+    --background_pulls_;
+    background_cv_.notify_all();
+  };
+  try {
+    std::thread([this, copy, watch, deadline, ended] {
+      (void)RunPull(
+          *copy, deadline, [this] { return stopping_pulls_.load(); }, watch.get());
+      watch->Finish();
+      ended();
+    }).detach();
+  } catch (const std::system_error& e) {
+    ended();
+    RF_LOG(kWarn, "no thread for an early-answered pull (" << e.what() << "): answered when done");
+    return RunPull(request, caller_deadline, std::move(cancelled), nullptr);
+  }
+  // Answered a moment before the caller's own deadline, so that the answer reaches it.
+  const auto answer_by = caller_deadline - deadline > kReplyMargin
+                             ? deadline
+                             : std::min(deadline, caller_deadline - kReplyMargin);
+  v1::PullReply reply = watch->Wait(answer_by, cancelled);
+  reply.set_provider(fabrics_.front().provider());
+  return reply;
+}
+
+v1::PullReply Agent::RunPull(const v1::PullRequest& request, Clock::time_point caller_deadline,
+                             std::function<bool()> cancelled, ClaimWatch* claims) {
+  const Clock::time_point began = Clock::now();
+  v1::PullReply reply;
+  // The best fabric; each result says which one its read used.
+  reply.set_provider(fabrics_.front().provider());
+  const auto deadline =
+      std::min(caller_deadline, Clock::now() + std::chrono::milliseconds(request.timeout_ms() > 0
+                                                                             ? request.timeout_ms()
+                                                                             : op_timeout_ms_));
+  std::vector<PullJob> jobs(static_cast<size_t>(request.items_size()));
+  std::vector<PullJob*> pending;
+  for (int i = 0; i < request.items_size(); ++i) {
+    PullJob& job = jobs[static_cast<size_t>(i)];
+    job.index = static_cast<size_t>(i);
+    job.item = &request.items(i);
+    job.result = reply.add_results();
+    job.result->set_object_id(job.item->object_id());
+    auto id = ObjectId::FromBinary(job.item->object_id());
+    if (!id.ok()) {
+      SetError(*job.result, id.status());
+      continue;
+    }
+    job.id = *id;
+    if (job.item->source_agent().empty()) {
+      SetError(*job.result,
+               InvalidArgument("pull of object " + id->Hex() + ": no source_agent given"));
+      continue;
+    }
+    if (job.item->object_size() == 0) {
+      SetError(*job.result, InvalidArgument("pull of object " + id->Hex() +
+                                            ": no object_size (data + metadata bytes, from "
+                                            "Ray's object directory) given"));
+      continue;
+    }
+    // Not asked of the store first: callers send what is not local, and Create answers
+    // AlreadyExists for what is (one store round trip per object saved).
+    pending.push_back(&job);
+  }
+  PullPhaseTimes phases;
+  PullOnce(std::move(pending), PullBounds{deadline, std::move(cancelled), claims, &phases});
+  phases.Into(*reply.mutable_phases());
+  reply.mutable_phases()->set_total_s(std::chrono::duration<double>(Clock::now() - began).count());
+  if (claims != nullptr) {
+    std::vector<PullJob*> all;
+    for (PullJob& job : jobs) all.push_back(&job);
+    Settle(PullBounds{deadline, nullptr, claims}, all);
+  }
+  for (const PullJob& job : jobs) {
+    if (job.result->outcome() == v1::FAILED) {
+      ++pulls_failed_;
+      RF_LOG(kWarn, "pull of object " << ShortHex(job.item->object_id())
+                                      << " failed: " << v1::ErrorCode_Name(job.result->error_code())
+                                      << ": " << job.result->error());
+    }
+  }
+  return reply;
+}
+
+bool Agent::PullBounds::Cancelled() const {
+  if (!cancelled) return false;
+  if (seen_cancelled.load(std::memory_order_relaxed)) return true;
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  int64_t due = next_check_ns.load(std::memory_order_relaxed);
+  if (now < due || !next_check_ns.compare_exchange_strong(
+                       due, now + std::chrono::nanoseconds(kCancelCheckEvery).count())) {
+    return false;  // asked lately (or by another thread just now)
+  }
+  if (!cancelled()) return false;
+  seen_cancelled = true;
+  return true;
+}
+
+Clock::time_point Agent::PullPhaseTimes::Lap(std::atomic<int64_t>& step, Clock::time_point since) {
+  const Clock::time_point now = Clock::now();
+  step += std::chrono::duration_cast<std::chrono::nanoseconds>(now - since).count();
+  return now;
+}
+
+void Agent::PullPhaseTimes::Into(v1::PullPhases& out) const {
+  constexpr double kNs = 1e-9;
+  out.set_lease_s(static_cast<double>(lease.load()) * kNs);
+  out.set_lease_served_s(static_cast<double>(lease_served.load()) * kNs);
+  out.set_create_s(static_cast<double>(create.load()) * kNs);
+  out.set_prepare_s(static_cast<double>(prepare.load()) * kNs);
+  out.set_post_s(static_cast<double>(post.load()) * kNs);
+  out.set_wait_s(static_cast<double>(wait.load()) * kNs);
+  out.set_seal_s(static_cast<double>(seal.load()) * kNs);
+  out.set_waves(waves.load());
+}
+
+bool Agent::AnsweredLocal(PullJob& job, plasma::PlasmaClient& store) {
+  auto local = store.Contains(job.id);
+  if (!local.ok() || !*local) return false;
+  job.result->set_outcome(v1::ALREADY_LOCAL);
+  ++pulls_already_local_;
+  return true;
+}
+
+void Agent::PullOnce(std::vector<PullJob*> pending, const PullBounds& bounds) {
+  const Clock::time_point deadline = bounds.deadline;
+  while (!pending.empty()) {
+    std::map<std::string, std::vector<PullJob*>> by_source;
+    std::vector<PullJob*> waiting;
+    {
+      std::lock_guard<std::mutex> lock(in_flight_mu_);
+      for (PullJob* job : pending) {
+        if (in_flight_.insert(job->id).second) {
+          by_source[job->item->source_agent()].push_back(job);
+        } else {
+          waiting.push_back(job);
+        }
+      }
+    }
+    pending.clear();
+    // Being created by another Pull of this agent: claimed already.
+    if (bounds.claims != nullptr) {
+      for (PullJob* job : waiting) bounds.claims->Settle(job->index, *job->result, true);
+    }
+    // Sources are pulled concurrently (fan-in): each has its own lease and reads; the store
+    // connection and the engine serialize what must be. The others run on the agent's bounded
+    // pool, the first on this thread.
+    WorkerPool::Group others;
+    for (auto it = by_source.begin(); it != by_source.end(); ++it) {
+      if (it == by_source.begin()) continue;
+      others.Add();
+      source_pool_.Submit([this, it, &bounds, &others] {
+        PullFromSource(it->first, it->second, bounds);
+        others.Done();
+      });
+    }
+    if (!by_source.empty()) {
+      PullFromSource(by_source.begin()->first, by_source.begin()->second, bounds);
+    }
+    others.Wait();
+    {
+      std::lock_guard<std::mutex> lock(in_flight_mu_);
+      for (auto& [source, group] : by_source) {
+        for (PullJob* job : group) in_flight_.erase(job->id);
+      }
+    }
+    in_flight_cv_.notify_all();
+    if (waiting.empty()) return;
+
+    std::vector<bool> still_in_flight(waiting.size());
+    {
+      std::unique_lock<std::mutex> lock(in_flight_mu_);
+      auto none_in_flight = [&] {
+        return std::none_of(waiting.begin(), waiting.end(),
+                            [&](PullJob* job) { return in_flight_.count(job->id) > 0; });
+      };
+      // In steps, so that a caller that went away is noticed.
+      while (!none_in_flight() && Clock::now() < deadline && !bounds.Cancelled()) {
+        in_flight_cv_.wait_until(lock, std::min(deadline, Clock::now() + kCancelPoll),
+                                 none_in_flight);
+      }
+      for (size_t i = 0; i < waiting.size(); ++i) {
+        still_in_flight[i] = in_flight_.count(waiting[i]->id) > 0;
+      }
+    }
+    for (size_t i = 0; i < waiting.size(); ++i) {
+      PullJob* job = waiting[i];
+      if (still_in_flight[i]) {
+        // Still arriving by another pull at our deadline: Ray's get waits for that replica.
+        job->result->set_outcome(v1::STOOD_ASIDE);
+        ++pulls_stood_aside_;
+        continue;
+      }
+      if (AnsweredLocal(*job, *PullStore())) continue;
+      if (Clock::now() < deadline) {
+        pending.push_back(job);  // the other pull failed: try ourselves
+      } else {
+        SetError(*job->result, TimedOut("object " + job->id.Hex() +
+                                        " was being pulled by another request that failed, "
+                                        "and this pull's deadline has passed"));
+      }
+    }
+  }
+}
+
+std::set<std::string> Agent::UnusableWith(const std::string& source) {
+  std::set<std::string> out;
+  std::lock_guard<std::mutex> lock(links_mu_);
+  auto it = unusable_.find(source);
+  if (it == unusable_.end()) return out;
+  const Clock::time_point now = Clock::now();
+  for (auto p = it->second.begin(); p != it->second.end();) {
+    if (p->second <= now) {
+      p = it->second.erase(p);
+    } else {
+      out.insert(p->first);
+      ++p;
+    }
+  }
+  return out;
+}
+
+void Agent::MarkUnusable(const std::string& source, const std::string& provider,
+                         const Status& why) {
+  RF_LOG(kWarn, "reads from the agent at "
+                    << source << " over " << provider << " failed (" << why.message().substr(0, 200)
+                    << "): the pair uses "
+                    << "its next shared provider for "
+                    << std::chrono::duration_cast<std::chrono::seconds>(kUnusableFor).count()
+                    << " s");
+  std::lock_guard<std::mutex> lock(links_mu_);
+  unusable_[source][provider] = Clock::now() + kUnusableFor;
+}
+
+void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
+                           const PullBounds& bounds, std::set<std::string> excluded) {
+  const Clock::time_point deadline = bounds.deadline;
+  // This connection creates, seals or aborts every replica of this source's objects, and stays
+  // open while any of their reads may land (see StorePtr).
+  const StorePtr store = PullStore();
+  auto stub = peers_.Get(source);
+  // 1. Lease every object from the source agent in one request, for as long as this pull may
+  //    take (the source clamps it to its max_lease_ttl_ms; the reply says what it granted).
+  v1::LeaseRequest lease_request;
+  lease_request.set_protocol_version(kProtocolVersion);
+  lease_request.set_requester(BytesToHex(options_.node_id));
+  const auto wanted =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now() + kLeaseMargin);
+  lease_request.set_ttl_ms(static_cast<uint32_t>(
+      std::clamp<int64_t>(wanted.count(), 1, std::numeric_limits<uint32_t>::max())));
+  for (PullJob* job : jobs) lease_request.add_object_ids(job->id.Binary());
+  // Every provider of this node but those that failed in this Pull, and but those that failed
+  // with this source lately (unless that leaves none: the failure may have passed).
+  const std::set<std::string> unusable = UnusableWith(source);
+  const bool all_unusable = std::all_of(fabrics_.begin(), fabrics_.end(), [&](const Fabric& fab) {
+    return excluded.count(fab.provider()) > 0 || unusable.count(fab.provider()) > 0;
+  });
+  for (const Fabric& fab : fabrics_) {
+    if (excluded.count(fab.provider()) > 0) continue;
+    if (!all_unusable && unusable.count(fab.provider()) > 0) continue;
+    lease_request.add_reader_providers(fab.provider());
+    lease_request.add_reader_rails(static_cast<uint32_t>(fab.rails.size()));
+  }
+  v1::LeaseReply lease_reply;
+  grpc::ClientContext lease_ctx;
+  peers_.Prepare(lease_ctx);
+  lease_ctx.set_deadline(ToSystem(std::min(deadline, Clock::now() + kRpcTimeout)));
+  // Lease expiries are counted from before the request left: by our clock they end no later than
+  // by the source's.
+  const Clock::time_point asked_at = Clock::now();
+  grpc::Status rpc = CancellableCall(
+      lease_ctx, [&bounds] { return bounds.Cancelled(); },
+      [&](std::function<void(grpc::Status)> done) {
+        stub->async()->LeaseObjects(&lease_ctx, &lease_request, &lease_reply, std::move(done));
+      });
+  PullPhaseTimes scratch;  // a Pull without a caller that reads them
+  PullPhaseTimes& phases = bounds.phases != nullptr ? *bounds.phases : scratch;
+  const Clock::time_point answered = PullPhaseTimes::Lap(phases.lease, asked_at);
+  // The source's word for its own part, believed no further than this round trip (NaN, negative
+  // or too large from a broken or hostile source: counted as the whole round trip at most).
+  if (rpc.ok() && lease_reply.served_s() > 0) {
+    const auto round_trip_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(answered - asked_at).count();
+    phases.lease_served += static_cast<int64_t>(
+        std::min(lease_reply.served_s() * 1e9, static_cast<double>(round_trip_ns)));
+  }
+  Status leased_status =
+      rpc.ok() ? Status::OK() : FromGrpc(rpc, "leasing from the agent at " + source);
+  if (leased_status.ok() && lease_reply.leases_size() != static_cast<int>(jobs.size())) {
+    leased_status = ProtocolError("the agent at " + source + " answered " +
+                                  std::to_string(lease_reply.leases_size()) + " leases for " +
+                                  std::to_string(jobs.size()) + " objects");
+    // Whatever it granted is given back (it would count against this node's bound until its TTL).
+    v1::ReleaseRequest release;
+    release.set_protocol_version(kProtocolVersion);
+    for (const v1::Lease& lease : lease_reply.leases()) {
+      if (lease.error_code() != v1::ERROR_CODE_NONE || lease.lease_id() == 0) continue;
+      v1::LeaseRef* ref = release.add_leases();
+      ref->set_lease_id(lease.lease_id());
+      ref->set_token(lease.token());
+    }
+    if (release.leases_size() > 0) QueueRelease(source, std::move(release));
+  }
+  if (!leased_status.ok()) {
+    for (PullJob* job : jobs) {
+      if (!AnsweredLocal(*job, *store)) SetError(*job->result, leased_status);
+    }
+    RecordLink(source, lease_reply, nullptr, jobs);
+    Settle(bounds, jobs);
+    return;
+  }
+  // The source answered on the best fabric both nodes speak; its address names the provider, and
+  // only this node's engine of that provider may insert it.
+  fabric::PeerId peer = 0;
+  Status peer_status = Status::OK();
+  Fabric* fab = FabricFor(lease_reply.provider());
+  if (fab == nullptr) {
+    peer_status =
+        Unavailable("the agent at " + source + " answered on provider '" + lease_reply.provider() +
+                    "', which this node does not speak (" + FabricList() + ")");
+  } else {
+    auto added = fab->engine().AddPeer({lease_reply.provider(), lease_reply.fabric(),
+                                        lease_reply.domain(), lease_reply.fabric_address()});
+    if (added.ok()) {
+      peer = *added;
+    } else {
+      peer_status =
+          added.status().WithContext("adding the agent at " + source + " as a fabric peer");
+    }
+  }
+  // The source's further rails, each on this node's rail of the same rank: as many as both have
+  // (a rail that cannot be added ends the list: large objects then stripe across fewer).
+  std::vector<fabric::PeerId> rail_peers;  // rails 2, 3, ...
+  if (peer_status.ok()) {
+    for (int k = 0; k < lease_reply.rails_size() && static_cast<size_t>(k) + 1 < fab->rails.size();
+         ++k) {
+      const v1::RailAddress& rail = lease_reply.rails(k);
+      auto added = fab->rails[k + 1]->AddPeer(
+          {lease_reply.provider(), rail.fabric(), rail.domain(), rail.address()});
+      if (!added.ok()) {
+        RF_LOG(kWarn, "rail " << k + 2 << " to the agent at " << source
+                              << " not used: " << added.status());
+        break;
+      }
+      rail_peers.push_back(*added);
+    }
+  }
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    PullJob& job = *jobs[i];
+    job.lease = lease_reply.leases(static_cast<int>(i));
+    if (job.lease.error_code() != v1::ERROR_CODE_NONE) {
+      if (AnsweredLocal(job, *store)) continue;
+      // The source's reason, as its code (NotFound: not there; ResourceExhausted: its bounds).
+      const int code = job.lease.error_code();
+      const StatusCode why = code > 0 && code <= static_cast<int>(StatusCode::kInternal)
+                                 ? static_cast<StatusCode>(code)
+                                 : StatusCode::kProtocolError;
+      SetError(*job.result,
+               Status(why, "the agent at " + source + " refused a lease on object " + job.id.Hex() +
+                               ": " + v1::ErrorCode_Name(job.lease.error_code()) + ": " +
+                               job.lease.error()));
+      continue;
+    }
+    job.leased = true;
+    job.lease_expires = asked_at + std::chrono::milliseconds(job.lease.expires_in_ms());
+    const uint64_t leased_size = job.lease.data_size() + job.lease.metadata_size();
+    if (job.lease.data_size() > leased_size || leased_size != job.item->object_size()) {
+      // The source describes an object of another size than Ray's directory does: never create
+      // (and seal) a replica of its choosing.
+      ++leases_size_mismatch_;
+      SetError(*job.result, OutOfRange("the agent at " + source + " leased object " + job.id.Hex() +
+                                       " as " + std::to_string(job.lease.data_size()) + " + " +
+                                       std::to_string(job.lease.metadata_size()) +
+                                       " bytes, but Ray's directory says " +
+                                       std::to_string(job.item->object_size()) + ": refused"));
+      continue;
+    }
+    Status described = ParseSlices(job.lease, leased_size, job.remote);
+    job.rail_remote.clear();
+    for (int k = 0;
+         described.ok() && k < job.lease.rails_size() && static_cast<size_t>(k) < rail_peers.size();
+         ++k) {
+      // A further rail's slices are checked like the first rail's: exactly the object's bytes.
+      v1::Lease on_rail;
+      *on_rail.mutable_slices() = job.lease.rails(k).slices();
+      std::vector<fabric::RemoteSlice> slices;
+      described = on_rail.slices_size() == 0 ? OutOfRange("it describes none of the object's bytes")
+                                             : ParseSlices(on_rail, leased_size, slices);
+      if (!described.ok()) described = described.WithContext("on rail " + std::to_string(k + 2));
+      job.rail_remote.push_back(std::move(slices));
+    }
+    if (!described.ok()) {
+      ++leases_size_mismatch_;
+      SetError(*job.result,
+               described.WithContext("the agent at " + source + " leased object " + job.id.Hex()));
+      continue;
+    }
+    if (!peer_status.ok()) {
+      SetError(*job.result, peer_status);
+      job.fabric_failed = true;
+    }
+  }
+  for (PullJob* job : jobs) job->result->set_provider(lease_reply.provider());
+  Settle(bounds, jobs);  // the refused ones
+
+  // 2. In waves: create the replicas and start their reads, a group at a time (the next group's
+  //    creates overlap this group's reads); then wait for each read, sealing in groups.
+  const SourceReads reads{source, fab, peer, rail_peers, store, bounds, phases};
+  size_t next = 0;
+  while (next < jobs.size()) {
+    std::vector<PullJob*> wave;
+    uint64_t wave_bytes = 0;
+    while (next < jobs.size() && wave.size() < kWaveObjects && wave_bytes < kWaveBytes) {
+      std::vector<PullJob*> group;
+      uint64_t group_bytes = 0;
+      for (; next < jobs.size() && group.size() < kCreateGroup &&
+             wave.size() + group.size() < kWaveObjects && wave_bytes + group_bytes < kWaveBytes;
+           ++next) {
+        PullJob& job = *jobs[next];
+        if (!job.leased || job.result->outcome() == v1::FAILED) continue;
+        if (bounds.Cancelled()) {
+          SetError(*job.result, Aborted("the caller cancelled the pull"));
+          continue;
+        }
+        if (RefusedForLeaseEnd(job, source)) continue;
+        group.push_back(&job);
+        group_bytes += job.lease.data_size() + job.lease.metadata_size();
+      }
+      StartReads(reads, group, wave, wave_bytes);
+    }
+    Settle(bounds, jobs);  // this wave's replicas are created: claimed
+    ++phases.waves;
+    FinishReads(reads, wave);
+  }
+
+  RecordLink(source, lease_reply, fab, jobs);
+
+  // 3. Release every lease we got, whatever happened.
+  v1::ReleaseRequest release;
+  release.set_protocol_version(kProtocolVersion);
+  for (PullJob* job : jobs) {
+    if (!job->leased) continue;
+    v1::LeaseRef* ref = release.add_leases();
+    ref->set_lease_id(job->lease.lease_id());
+    ref->set_token(job->lease.token());
+  }
+  if (release.leases_size() > 0) QueueRelease(source, std::move(release));
+
+  // 4. Reads that failed on this fabric go again over the next provider both nodes share, if
+  //    there is one and time is left; a provider none of whose reads worked is skipped with this
+  //    source for a while (unreachable between the two: e.g. verbs across two IB subnets).
+  if (fab == nullptr) return;
+  std::vector<PullJob*> again;
+  Status why;
+  bool any_pulled = false;
+  for (PullJob* job : jobs) {
+    any_pulled = any_pulled || job->result->outcome() == v1::PULLED;
+    if (job->fabric_failed && job->result->outcome() == v1::FAILED) {
+      if (again.empty())
+        why = Status(static_cast<StatusCode>(job->result->error_code()), job->result->error());
+      again.push_back(job);
+    }
+  }
+  if (again.empty()) return;
+  if (!any_pulled) MarkUnusable(source, fab->provider(), why);
+  // Each provider is tried once per Pull (a source that answers on one it was not offered gets no
+  // second try on it).
+  if (!excluded.insert(fab->provider()).second) return;
+  const bool another = std::any_of(fabrics_.begin(), fabrics_.end(), [&](const Fabric& other) {
+    return excluded.count(other.provider()) == 0;
+  });
+  if (!another || bounds.Cancelled() || Clock::now() + kLeaseMargin > bounds.deadline) return;
+  for (PullJob* job : again) {
+    const std::string object_id = job->result->object_id();
+    job->result->Clear();
+    job->result->set_object_id(object_id);
+    job->lease.Clear();
+    job->leased = false;
+    job->remote.clear();
+    job->rail_remote.clear();
+    job->transfer = fabric::Transfer();
+    job->rails_used = 0;
+    job->fabric_failed = false;
+  }
+  RF_LOG(kInfo, again.size() << " object(s) from " << source << " failed over " << fab->provider()
+                             << ": trying the next provider both nodes have");
+  PullFromSource(source, again, bounds, std::move(excluded));
+}
+
+bool Agent::RefusedForLeaseEnd(PullJob& job, const std::string& source) {
+  // A read is not started close to its lease's end (the seal would be refused anyway if it
+  // finished after it): within 2 s, or a quarter of a shorter lease.
+  const auto margin = std::min<Clock::duration>(
+      kLeaseMargin, std::chrono::milliseconds(job.lease.expires_in_ms()) / 4);
+  if (Clock::now() + margin <= job.lease_expires) return false;
+  ++pulls_lease_expired_;
+  SetError(*job.result, TimedOut("the lease on object " + job.id.Hex() + " from " + source +
+                                 " is about to expire: not read"));
+  return true;
+}
+
+void Agent::StartReads(const SourceReads& reads, const std::vector<PullJob*>& group,
+                       std::vector<PullJob*>& wave, uint64_t& wave_bytes) {
+  if (group.empty()) return;
+  Fabric& fab = *reads.fab;
+  std::vector<ObjectId> ids;
+  std::vector<plasma::CreateOptions> creates;
+  const auto left_ms = std::max<int64_t>(
+      1, std::chrono::duration_cast<std::chrono::milliseconds>(reads.bounds.deadline - Clock::now())
+             .count());
+  for (PullJob* job : group) {
+    plasma::CreateOptions create;
+    create.owner.node_id = job->item->owner().node_id();
+    create.owner.ip_address = job->item->owner().ip_address();
+    create.owner.port = job->item->owner().port();
+    create.owner.worker_id = job->item->owner().worker_id();
+    create.data_size = job->lease.data_size();
+    create.metadata_size = job->lease.metadata_size();
+    create.timeout_ms = std::min<int64_t>(create_timeout_ms_, left_ms);
+    ids.push_back(job->id);
+    creates.push_back(create);
+  }
+  const Clock::time_point created_from = Clock::now();
+  std::vector<Result<plasma::ObjectBuffer>> replicas = reads.store->CreateMany(ids, creates);
+  Clock::time_point step = PullPhaseTimes::Lap(reads.phases.create, created_from);
+  for (size_t i = 0; i < group.size(); ++i) {
+    PullJob& job = *group[i];
+    job.started = created_from;
+    Result<plasma::ObjectBuffer>& replica = replicas[i];
+    if (!replica.ok()) {
+      if (replica.status().code() == StatusCode::kAlreadyExists) {
+        // Sealed here already, or Ray (or another pull) is creating it: leave it to them.
+        if (!AnsweredLocal(job, *reads.store)) {
+          job.result->set_outcome(v1::STOOD_ASIDE);
+          ++pulls_stood_aside_;
+        }
+      } else {
+        SetError(*job.result, replica.status().WithContext("creating the local replica"));
+      }
+      step = PullPhaseTimes::Lap(reads.phases.create, step);
+      continue;
+    }
+    job.created = true;
+    job.replica = *replica;
+    if (RefusedForLeaseEnd(job, reads.source)) {
+      // The group's creates may have waited for room in the store: not read after all.
+      (void)reads.store->Abort(job.id);
+      job.created = false;
+      step = PullPhaseTimes::Lap(reads.phases.create, step);
+      continue;
+    }
+    const uint64_t bytes = job.lease.data_size() + job.lease.metadata_size();
+    // One local registration per rail the read stripes across (the replica's segment on each).
+    const size_t rails = fabric::RailsFor(bytes, 1 + job.rail_remote.size(), stripe_min_);
+    std::vector<fabric::RegisteredRange> local(rails);
+    Status s;
+    for (size_t k = 0; k < rails && s.ok(); ++k) {
+      auto region = RegionFor(fab, k, job.replica.segment_base, job.replica.segment_size);
+      s = region.status();
+      if (region.ok()) local[k] = std::move(*region);
+    }
+    // The replica's pages may be new to this process's mapping of the store: map them
+    // (MADV_POPULATE_WRITE: no byte of the shared mapping changes, whoever writes it meanwhile)
+    // rather than take a fault per page while the provider writes into them. One rail writes
+    // from the start: only its first pages are mapped before the read is posted, the rest while
+    // the first bytes travel (mapping runs at several GB/s, ahead of the provider's writes).
+    const size_t populate_first = rails == 1 ? std::min<uint64_t>(bytes, kPopulateAhead) : bytes;
+    auto populate = [&](size_t from, size_t length) {
+      Status populated = warmer_->Populate(job.replica.data + from, length);
+      if (!populated.ok() && !populate_warned_.exchange(true)) {
+        RF_LOG(kInfo, "replicas are not populated before reads: " << populated.message());
+      }
+    };
+    if (s.ok()) {
+      populate(0, populate_first);
+      step = PullPhaseTimes::Lap(reads.phases.prepare, step);
+      std::vector<fabric::Rail> stripes(rails);
+      for (size_t k = 0; k < rails; ++k) {
+        stripes[k] = {fab.rails[k].get(), k == 0 ? reads.peer : reads.rail_peers[k - 1],
+                      k == 0 ? &job.remote : &job.rail_remote[k - 1], &local[k]};
+      }
+      auto started =
+          fabric::StartStriped(fabric::RmaOp::kRead, stripes, job.replica.data, bytes, stripe_min_);
+      step = PullPhaseTimes::Lap(reads.phases.post, step);
+      job.rails_used = rails;
+      s = started.status();
+      if (started.ok()) job.transfer = *started;
+      job.fabric_failed = !started.ok();  // not a local registration: the fabric refused it
+      // In steps: a read that already ended (failed at once, or done) or a caller that went
+      // away needs no more of it.
+      for (size_t from = populate_first; started.ok() && from < bytes; from += kPopulateStep) {
+        if (job.transfer.Done() || reads.bounds.Cancelled()) break;
+        populate(from, std::min<uint64_t>(kPopulateStep, bytes - from));
+      }
+    }
+    step = PullPhaseTimes::Lap(reads.phases.prepare, step);
+    if (!s.ok()) {
+      // Nothing was posted: the replica can go at once.
+      SetError(*job.result,
+               s.WithContext("fi_read of object " + job.id.Hex() + " from " + reads.source));
+      (void)reads.store->Abort(job.id);
+      job.created = false;
+      continue;
+    }
+    wave.push_back(&job);
+    wave_bytes += bytes;
+  }
+}
+
+void Agent::FinishReads(const SourceReads& reads, const std::vector<PullJob*>& wave) {
+  std::vector<PullJob*> done;  // read in full within their leases: sealed together
+  auto seal = [&] {
+    if (done.empty()) return;
+    const Clock::time_point sealed_from = Clock::now();
+    std::vector<ObjectId> ids;
+    for (PullJob* job : done) ids.push_back(job->id);
+    std::vector<Status> sealed = reads.store->SealAndRelease(ids);
+    PullPhaseTimes::Lap(reads.phases.seal, sealed_from);
+    for (size_t i = 0; i < done.size(); ++i) {
+      PullJob& job = *done[i];
+      if (sealed[i].ok()) {
+        const uint64_t bytes = job.lease.data_size() + job.lease.metadata_size();
+        job.result->set_outcome(v1::PULLED);
+        job.result->set_bytes(bytes);
+        job.result->set_seconds(std::chrono::duration<double>(Clock::now() - job.started).count());
+        ++objects_pulled_;
+        bytes_pulled_ += bytes;
+        job.created = false;
+      } else {
+        SetError(*job.result, sealed[i].WithContext("sealing the replica of object " +
+                                                    job.id.Hex() + " read from " + reads.source));
+        EndFailedReplica(job, reads.store);
+      }
+    }
+    done.clear();
+  };
+  for (PullJob* job : wave) {
+    // What finished is sealed before waiting on a read still under way (Ray's gets of those
+    // objects need not wait for the rest), and in groups (one store round trip per group).
+    if (done.size() >= kCreateGroup || (!done.empty() && !job->transfer.Done())) seal();
+    const Clock::time_point waited_from = Clock::now();
+    // In steps, so that a caller that went away is noticed (its reads are then cut off).
+    Status s;
+    for (;;) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(reads.bounds.deadline -
+                                                                        Clock::now());
+      s = job->transfer.Wait(
+          std::clamp(left, std::chrono::milliseconds(1),
+                     std::chrono::duration_cast<std::chrono::milliseconds>(kCancelPoll)));
+      if (job->transfer.Done() || Clock::now() >= reads.bounds.deadline) break;
+      if (reads.bounds.Cancelled()) {
+        s = Aborted("the caller cancelled the pull");
+        break;
+      }
+    }
+    PullPhaseTimes::Lap(reads.phases.wait, waited_from);
+    // Failed by itself (an error, or no progress for op_timeout_ms), not cut short by us.
+    job->fabric_failed = !s.ok() && job->transfer.Done();
+    if (s.ok() && Clock::now() >= job->lease_expires) {
+      // The read finished, but maybe after the source unpinned the object: its bytes may be
+      // another object's. Never seal them.
+      ++pulls_lease_expired_;
+      s = TimedOut("the read of object " + job->id.Hex() + " from " + reads.source +
+                   " finished after its lease expired: not sealed");
+    }
+    if (s.ok()) {
+      done.push_back(job);
+      continue;
+    }
+    // Never seal bytes we did not get, and never let a late byte of this read land in memory
+    // the store hands out again.
+    SetError(*job->result,
+             s.WithContext("fi_read of object " + job->id.Hex() + " from " + reads.source));
+    EndFailedReplica(*job, reads.store);
+  }
+  seal();
+}
+
+void Agent::QueueRelease(const std::string& source, v1::ReleaseRequest request) {
+  auto pending = std::make_unique<PendingRelease>();
+  pending->source = source;
+  pending->request = std::move(request);
+  pending->context.set_deadline(ToSystem(Clock::now() + kRpcTimeout));
+  peers_.Prepare(pending->context);
+  PendingRelease* call = pending.get();
+  uint64_t key = 0;
+  {
+    std::lock_guard<std::mutex> lock(release_mu_);
+    if (stopping_releases_) {
+      RF_LOG(kWarn, "stopping: " << call->request.leases_size() << " leases at " << source
+                                 << " not released: they expire by themselves");
+      return;
+    }
+    releases_answered_.clear();
+    key = next_release_++;
+    releases_in_flight_[key] = std::move(pending);
+  }
+  peers_.Get(source)->async()->ReleaseLeases(
+      &call->context, &call->request, &call->reply, [this, key, call](const grpc::Status& r) {
+        if (!r.ok()) {
+          RF_LOG(kWarn, "releasing " << call->request.leases_size() << " leases at " << call->source
+                                     << " failed (" << r.error_message()
+                                     << "): they expire by themselves");
+        }
+        std::lock_guard<std::mutex> lock(release_mu_);
+        auto it = releases_in_flight_.find(key);
+        releases_answered_.push_back(std::move(it->second));
+        releases_in_flight_.erase(it);
+        release_cv_.notify_all();
+      });
+}
+
+void Agent::RecordLink(const std::string& source, const v1::LeaseReply& lease_reply,
+                       const Fabric* fab, const std::vector<PullJob*>& jobs) {
+  std::lock_guard<std::mutex> lock(links_mu_);
+  v1::PeerLink& link = links_[source];
+  link.set_peer(source);
+  if (fab != nullptr) {
+    link.set_provider(fab->provider());
+    link.set_domain(fab->engine().profile().domain);
+    link.set_peer_domain(lease_reply.domain());
+  }
+  for (const PullJob* job : jobs) {
+    if (job->rails_used > 0) link.set_rails(static_cast<uint32_t>(job->rails_used));
+  }
+  link.clear_unusable_providers();
+  auto unusable = unusable_.find(source);
+  if (unusable != unusable_.end()) {
+    for (const auto& [provider, until] : unusable->second) {
+      if (until > Clock::now()) link.add_unusable_providers(provider);
+    }
+  }
+  for (const PullJob* job : jobs) {
+    if (job->result->outcome() == v1::PULLED) {
+      link.set_objects_pulled(link.objects_pulled() + 1);
+      link.set_bytes_pulled(link.bytes_pulled() + job->result->bytes());
+    } else if (job->result->outcome() == v1::FAILED) {
+      link.set_pulls_failed(link.pulls_failed() + 1);
+      link.set_last_error(job->result->error().substr(0, 300));
+    }
+  }
+}
+
+}  // namespace rayfabric::agent
