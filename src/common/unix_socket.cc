@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 namespace rayfabric {
 namespace {
@@ -50,21 +51,29 @@ bool BoundFile::UnlinkIfStill(const std::string& path) const {
   return ::unlink(path.c_str()) == 0;
 }
 
-Result<UnixStream> UnixStream::Connect(const std::string& path, std::string peer) {
+Result<UnixStream> UnixStream::Connect(const std::string& path, std::string peer,
+                                       Clock::time_point deadline) {
   sockaddr_un addr{};
   RF_RETURN_IF_ERROR(FillAddress(path, peer + " socket", addr));
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  // Non-blocking: every later read and write polls to its deadline anyway.
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) {
     const int err = errno;
     return Unavailable("socket(AF_UNIX) failed: " + ErrnoText(err));
   }
-  int rc;
-  do {
-    rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  } while (rc != 0 && errno == EINTR);
-  if (rc != 0) {
+  // A Unix socket connects at once or, with the server's backlog full, says EAGAIN (there is
+  // nothing to poll for): asked again every millisecond until the deadline.
+  while (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     const int err = errno;
-    return Unavailable("cannot connect to " + peer + " at '" + path + "': " + ErrnoText(err));
+    if (err == EINTR) continue;
+    if (err != EAGAIN) {
+      return Unavailable("cannot connect to " + peer + " at '" + path + "': " + ErrnoText(err));
+    }
+    if (Clock::now() >= deadline) {
+      return TimedOut(peer + " at '" + path +
+                      "' accepts no connection (its backlog stayed full): is it stalled?");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return UnixStream(std::move(fd), std::move(peer));
 }

@@ -59,8 +59,11 @@ class UnixStream {
   using Clock = std::chrono::steady_clock;
 
   // `peer` names the other end in every error ("the plasma store", "a pull-socket caller").
-  // Unavailable (with the path and errno text) when nothing accepts at `path`.
-  static Result<UnixStream> Connect(const std::string& path, std::string peer);
+  // Unavailable (with the path and errno text) when nothing accepts at `path`; TimedOut when the
+  // peer's backlog stays full until `deadline` (a stalled server: a blocking connect would wait
+  // for it forever).
+  static Result<UnixStream> Connect(const std::string& path, std::string peer,
+                                    Clock::time_point deadline);
   // A connection accepted elsewhere (UnixListener::Accept).
   static UnixStream Adopt(UniqueFd fd, std::string peer);
 

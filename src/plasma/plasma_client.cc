@@ -910,9 +910,13 @@ Result<std::unique_ptr<PlasmaClient>> PlasmaClient::Connect(const std::string& s
     return InvalidArgument("request_timeout_ms must be in [1, " + std::to_string(kMaxTimeoutMs) +
                            "]");
   }
-  auto stream = UnixStream::Connect(socket_path, "the plasma store (the raylet)");
+  auto stream =
+      UnixStream::Connect(socket_path, "the plasma store (the raylet)",
+                          Clock::now() + std::chrono::milliseconds(options.request_timeout_ms));
   if (!stream.ok()) {
-    if (stream.status().code() != StatusCode::kUnavailable) return stream.status();
+    if (stream.status().code() != StatusCode::kUnavailable) {
+      return stream.status().WithContext("connecting to the plasma store");
+    }
     return Unavailable(stream.status().message() +
                        "; is the raylet of this node running, and is this the socket of its "
                        "session (ray.nodes()[i]['ObjectStoreSocketName'])?");

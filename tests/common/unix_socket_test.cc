@@ -24,6 +24,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
+Clock::time_point Soon() { return Clock::now() + milliseconds(500); }
+
 class UnixSocketTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -50,7 +52,7 @@ TEST_F(UnixSocketTest, ListenerIsPrivateAndPairsWithConnect) {
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
   EXPECT_EQ(st.st_mode & 0777, 0600u);
 
-  auto client = UnixStream::Connect(path_, "the test server");
+  auto client = UnixStream::Connect(path_, "the test server", Soon());
   ASSERT_TRUE(client.ok()) << client.status();
   auto accepted = listener->Accept();
   ASSERT_TRUE(accepted.ok()) << accepted.status();
@@ -126,17 +128,36 @@ TEST_F(UnixSocketTest, AnFdComesWithItsByteAndAPlainByteIsAProtocolError) {
   EXPECT_EQ(none.status().code(), StatusCode::kTimedOut) << none.status();
 }
 
+TEST_F(UnixSocketTest, ConnectToAStalledServerEndsByItsDeadline) {
+  // A server that accepts nothing: its backlog fills, and a blocking connect would wait forever.
+  auto listener = UnixListener::Listen(path_, "stalled server", /*backlog=*/0);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  std::vector<UnixStream> queued;
+  Status last = Status::OK();
+  for (int i = 0; i < 8 && last.ok(); ++i) {
+    auto c = UnixStream::Connect(path_, "the stalled server", Clock::now() + milliseconds(100));
+    if (c.ok()) {
+      queued.push_back(std::move(*c));
+    } else {
+      last = c.status();
+    }
+  }
+  EXPECT_EQ(last.code(), StatusCode::kTimedOut) << last;
+  EXPECT_NE(last.message().find("accepts no connection"), std::string::npos) << last;
+  EXPECT_LE(queued.size(), 2u) << "a backlog of 0 holds one or two connections";
+}
+
 TEST_F(UnixSocketTest, ConnectToNothingSaysWhereAndWhy) {
-  auto none = UnixStream::Connect(path_, "the plasma store");
+  auto none = UnixStream::Connect(path_, "the plasma store", Soon());
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(none.status().message().find("cannot connect to the plasma store at '" + path_),
             std::string::npos)
       << none.status();
-  auto too_long = UnixStream::Connect("/tmp/" + std::string(200, 'x'), "the plasma store");
+  auto too_long = UnixStream::Connect("/tmp/" + std::string(200, 'x'), "the plasma store", Soon());
   ASSERT_FALSE(too_long.ok());
   EXPECT_EQ(too_long.status().code(), StatusCode::kInvalidArgument) << too_long.status();
-  auto empty = UnixStream::Connect("", "the plasma store");
+  auto empty = UnixStream::Connect("", "the plasma store", Soon());
   ASSERT_FALSE(empty.ok());
   EXPECT_EQ(empty.status().code(), StatusCode::kInvalidArgument) << empty.status();
 }
@@ -166,7 +187,7 @@ TEST_F(UnixSocketTest, ListenerReplacesAStaleSocketButNothingElse) {
   }
   auto replaced = UnixListener::Listen(path_, "pull socket");
   ASSERT_TRUE(replaced.ok()) << replaced.status();
-  EXPECT_TRUE(UnixStream::Connect(path_, "the new socket").ok());
+  EXPECT_TRUE(UnixStream::Connect(path_, "the new socket", Soon()).ok());
 }
 
 TEST_F(UnixSocketTest, ReadEndsByItsDeadlineHoweverThePeerTrickles) {
@@ -186,7 +207,9 @@ TEST_F(UnixSocketTest, ReadEndsByItsDeadlineHoweverThePeerTrickles) {
   const auto took = Clock::now() - started;
   trickle.join();
   EXPECT_EQ(s.code(), StatusCode::kTimedOut) << s;
-  EXPECT_NE(s.message().find("a trickling peer did not send what we wait for in time"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("a trickling peer did not send what we wait for in time"),
+            std::string::npos)
+      << s;
   EXPECT_LT(took, milliseconds(900));  // the deadline, not 64 bytes x 50 ms
 }
 
@@ -248,7 +271,7 @@ TEST_F(UnixSocketTest, ListenerUnlinksItsPathOnlyWhileItIsStillItsOwn) {
     // ... and the older one ends first: the newer socket stays.
     older->Close();
     EXPECT_EQ(access(path_.c_str(), F_OK), 0) << "the older must not unlink the newer's socket";
-    EXPECT_TRUE(UnixStream::Connect(path_, "the newer socket").ok());
+    EXPECT_TRUE(UnixStream::Connect(path_, "the newer socket", Soon()).ok());
   }
   // The newer one ended last: its own file went with it.
   EXPECT_NE(access(path_.c_str(), F_OK), 0);
@@ -259,7 +282,7 @@ TEST_F(UnixSocketTest, ListenerUnlinksItsPathOnlyWhileItIsStillItsOwn) {
   ASSERT_TRUE(second.ok());
   { UnixListener ended = std::move(*first); }
   EXPECT_EQ(access(path_.c_str(), F_OK), 0) << "the first must not unlink the second's socket";
-  auto still = UnixStream::Connect(path_, "the second socket");
+  auto still = UnixStream::Connect(path_, "the second socket", Soon());
   EXPECT_TRUE(still.ok()) << still.status();
 }
 

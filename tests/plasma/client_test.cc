@@ -14,6 +14,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "flatbuffers/flatbuffers.h"
 #include "plasma/protocol.h"
@@ -188,6 +189,39 @@ TEST(PlasmaClientTest, MissingSocketIsUnavailable) {
   auto c = PlasmaClient::Connect("/tmp/rf_no_such_plasma_store");
   ASSERT_EQ(c.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(c.status().message().find("cannot connect to the plasma store"), std::string::npos);
+}
+
+TEST(PlasmaClientTest, AStoreThatAcceptsNoConnectionIsTimedOutNotWaitedForEver) {
+  // A stalled raylet: its socket listens, nothing accepts, the backlog (0) is full.
+  const std::string path = "/tmp/rf_stalled_plasma_" + std::to_string(getpid());
+  ::unlink(path.c_str());
+  int listener = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener, 0), 0);
+  std::vector<int> held;  // connections that fill the backlog
+  for (int i = 0; i < 4; ++i) {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      ::close(fd);
+      break;
+    }
+    held.push_back(fd);
+  }
+  ConnectOptions o;
+  o.request_timeout_ms = 300;
+  const auto started = std::chrono::steady_clock::now();
+  auto c = PlasmaClient::Connect(path, o);
+  const auto took = std::chrono::steady_clock::now() - started;
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kTimedOut) << c.status();
+  EXPECT_NE(c.status().message().find("accepts no connection"), std::string::npos) << c.status();
+  EXPECT_LT(took, std::chrono::seconds(3));
+  for (int fd : held) ::close(fd);
+  ::close(listener);
+  ::unlink(path.c_str());
 }
 
 TEST(PlasmaClientTest, UnsupportedRayVersionIsRefusedBeforeConnecting) {
