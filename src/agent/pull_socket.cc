@@ -116,15 +116,15 @@ void PullSocket::AcceptLoop() {
                   std::to_string(kPullSocketMaxConnections) +
                   " connections at once; use the agent's gRPC local socket, or fewer threads";
       } else {
-        // Owned by its thread from here; taken back if no thread can be made.
-        UnixStream* raw = caller.release();
-        open_.insert(raw);
+        UnixStream* raw = caller.get();
         try {
+          open_.insert(raw);
           std::thread([this, raw] { Serve(std::unique_ptr<UnixStream>(raw)); }).detach();
+          // Its thread owns it now; it cannot end (and delete it) before this lock is let go.
+          (void)caller.release();
           continue;
         } catch (const std::exception& e) {
           open_.erase(raw);
-          caller.reset(raw);
           refusal = std::string("Pull: the agent has no thread for this connection (") + e.what() +
                     "); use the agent's gRPC local socket";
         }

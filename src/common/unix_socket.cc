@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -62,7 +63,8 @@ Result<UnixStream> UnixStream::Connect(const std::string& path, std::string peer
     return Unavailable("socket(AF_UNIX) failed: " + ErrnoText(err));
   }
   // A Unix socket connects at once or, with the server's backlog full, says EAGAIN (there is
-  // nothing to poll for): asked again every millisecond until the deadline.
+  // nothing to poll for): asked again, 1 ms apart at first and at most 20 ms, until the deadline.
+  auto pause = std::chrono::milliseconds(1);
   while (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     const int err = errno;
     if (err == EINTR) continue;
@@ -73,7 +75,8 @@ Result<UnixStream> UnixStream::Connect(const std::string& path, std::string peer
       return TimedOut(peer + " at '" + path +
                       "' accepts no connection (its backlog stayed full): is it stalled?");
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(20));
   }
   return UnixStream(std::move(fd), std::move(peer));
 }
@@ -197,15 +200,19 @@ Result<UnixListener> UnixListener::Listen(const std::string& path, const std::st
       return InvalidArgument(what + ": " + path +
                              " exists and is not a socket: not removed; pick another path");
     }
-    ::unlink(path.c_str());
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      const int err = errno;
+      return Unavailable(what + ": cannot remove the stale socket " + path + ": " + ErrnoText(err) +
+                         " (another user's? remove it, or pick another path)");
+    }
   }
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) {
     const int err = errno;
     return Unavailable(what + ": socket(): " + ErrnoText(err));
   }
-  // The mode of the socket's inode becomes the mode of the file bind() creates (Linux, whatever
-  // the umask): no moment in which another user could connect.
+  // The file bind() creates takes the socket inode's mode, less the umask (Linux): 0600 from its
+  // first moment, whatever wider mode the umask would have left.
   if (::fchmod(fd.get(), 0600) != 0) {
     const int err = errno;
     return Unavailable(what + ": fchmod 0600: " + ErrnoText(err));
@@ -223,7 +230,11 @@ Result<UnixListener> UnixListener::Listen(const std::string& path, const std::st
   struct stat made {};
   if (::lstat(path.c_str(), &made) != 0 || !S_ISSOCK(made.st_mode) ||
       (made.st_mode & 0777) != 0600) {
-    return PermissionDenied(what + ": " + path + " was not created with mode 0600: not served");
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(made.st_mode & 07777));
+    return PermissionDenied(what + ": " + path + " was created with mode " + mode +
+                            ", not 0600 (a umask that takes the owner's read or write away?): "
+                            "not served");
   }
   if (::listen(listener.fd_.get(), backlog) != 0) {
     const int err = errno;

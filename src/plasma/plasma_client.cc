@@ -132,11 +132,12 @@ class PlasmaClient::Impl {
     for (auto& [key, seg] : segments_) Unmap(key, seg);
   }
 
-  Result<int64_t> Handshake() {
+  // `deadline`: the one the connect itself had (connect and handshake: one request_timeout_ms).
+  Result<int64_t> Handshake(Clock::time_point deadline) {
     std::lock_guard<std::mutex> lock(mu_);
     RF_ASSIGN_OR_RETURN(std::vector<uint8_t> payload,
                         Roundtrip(MessageType::kConnectRequest, EncodeConnectRequest(),
-                                  MessageType::kConnectReply, RequestDeadline()));
+                                  MessageType::kConnectReply, deadline));
     auto reply = DecodeConnectReply(payload);
     if (!reply.ok()) return Fail(reply.status());
     return reply->memory_capacity;
@@ -910,9 +911,9 @@ Result<std::unique_ptr<PlasmaClient>> PlasmaClient::Connect(const std::string& s
     return InvalidArgument("request_timeout_ms must be in [1, " + std::to_string(kMaxTimeoutMs) +
                            "]");
   }
-  auto stream =
-      UnixStream::Connect(socket_path, "the plasma store (the raylet)",
-                          Clock::now() + std::chrono::milliseconds(options.request_timeout_ms));
+  const Clock::time_point deadline =
+      Clock::now() + std::chrono::milliseconds(options.request_timeout_ms);
+  auto stream = UnixStream::Connect(socket_path, "the plasma store (the raylet)", deadline);
   if (!stream.ok()) {
     if (stream.status().code() != StatusCode::kUnavailable) {
       return stream.status().WithContext("connecting to the plasma store");
@@ -922,7 +923,7 @@ Result<std::unique_ptr<PlasmaClient>> PlasmaClient::Connect(const std::string& s
                        "session (ray.nodes()[i]['ObjectStoreSocketName'])?");
   }
   auto impl = std::make_unique<Impl>(std::move(*stream), options);
-  auto capacity = impl->Handshake();
+  auto capacity = impl->Handshake(deadline);
   if (!capacity.ok()) return capacity.status().WithContext("plasma store at " + socket_path);
   RF_LOG(kInfo,
          "plasma client: connected to " << socket_path << " (capacity " << *capacity << " bytes)");

@@ -798,14 +798,19 @@ def test_a_pull_says_how_much_of_its_lease_was_the_source_and_how_much_the_way(c
     one = ray.put(make_value("bytes", 1 * MiB, 97))
     many = [ray.put(make_value("bytes", 256 * 1024, 1000 + i)) for i in range(400)]
     try:
-        single = source.lease([one.binary()])
+        singles = []
+        for _ in range(5):  # the least of five: one lease's ~0.1 ms is easily stretched here
+            single = source.lease([one.binary()])
+            assert [g.error_code for g in single.leases] == [0], single
+            assert set(names(source.release([(single.leases[0].lease_id, single.leases[0].token)])
+                             .error_codes)) == {""}
+            singles.append(single.served_s)
         bulk = source.lease([r.binary() for r in many], timeout=60)
-        assert [g.error_code for g in single.leases] == [0], single
         assert all(g.error_code == 0 for g in bulk.leases), names(g.error_code for g in bulk.leases)
-        print(f"\na source's own time: {single.served_s * 1e3:.3f} ms for one lease, "
+        print(f"\na source's own time: {min(singles) * 1e3:.3f} ms for one lease (least of 5), "
               f"{bulk.served_s * 1e3:.3f} ms for {len(many)}")
-        assert 0 < single.served_s < bulk.served_s < 60, (single.served_s, bulk.served_s)
-        granted = [(g.lease_id, g.token) for g in list(single.leases) + list(bulk.leases)]
+        assert 0 < min(singles) < bulk.served_s < 60, (singles, bulk.served_s)
+        granted = [(g.lease_id, g.token) for g in bulk.leases]
         assert set(names(source.release(granted).error_codes)) == {""}
     finally:
         source.close()
@@ -820,6 +825,9 @@ def test_a_pull_says_how_much_of_its_lease_was_the_source_and_how_much_the_way(c
         plain = c.pull([pull_item(refs[0], cluster["records"][n0]["address"])], 30)
         slow = c.pull([pull_item(refs[1], fronts[0].address)], 30)
         lied = [c.pull([pull_item(r, f.address)], 30) for r, f in zip(refs[2:], fronts[1:])]
+        # Releases go out after each Pull answered, through the fronts: they are let through
+        # before the fronts close (else those leases would wait for their TTL).
+        assert wait_for(lambda: agent_status(n0)["leases_active"] == 0, timeout=15), agent_status(n0)
     finally:
         c.close()
         for f in fronts:

@@ -147,6 +147,35 @@ TEST_F(UnixSocketTest, ConnectToAStalledServerEndsByItsDeadline) {
   EXPECT_LE(queued.size(), 2u) << "a backlog of 0 holds one or two connections";
 }
 
+TEST_F(UnixSocketTest, ConnectWaitsForRoomInTheBacklogUntilItsDeadline) {
+  // The backlog is full at first; the server accepts 50 ms later: the connect then succeeds.
+  auto listener = UnixListener::Listen(path_, "slow server", /*backlog=*/0);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  std::vector<UnixStream> queued;
+  while (queued.size() < 4) {
+    auto c = UnixStream::Connect(path_, "the slow server", Clock::now() + milliseconds(20));
+    if (!c.ok()) break;
+    queued.push_back(std::move(*c));
+  }
+  ASSERT_FALSE(queued.empty());
+  std::vector<UniqueFd> accepted;
+  std::thread server([&] {
+    std::this_thread::sleep_for(milliseconds(50));
+    for (size_t i = 0; i <= queued.size(); ++i) {
+      auto fd = listener->Accept();
+      if (!fd.ok()) return;
+      accepted.push_back(std::move(*fd));
+    }
+  });
+  auto late = UnixStream::Connect(path_, "the slow server", Clock::now() + std::chrono::seconds(5));
+  if (!late.ok()) listener->Shutdown();  // the server waits for no connection that never comes
+  server.join();
+  ASSERT_TRUE(late.ok()) << late.status();
+  const std::string hello = "in";
+  EXPECT_TRUE(late->SendAll(hello.data(), hello.size(), Soon()).ok());
+  EXPECT_EQ(accepted.size(), queued.size() + 1);
+}
+
 TEST_F(UnixSocketTest, ConnectToNothingSaysWhereAndWhy) {
   auto none = UnixStream::Connect(path_, "the plasma store", Soon());
   ASSERT_FALSE(none.ok());
@@ -178,12 +207,12 @@ TEST_F(UnixSocketTest, ListenerReplacesAStaleSocketButNothingElse) {
 
   {
     // A socket left behind by a process that died (never unlinked).
-    int stale = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    UniqueFd stale(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    ASSERT_TRUE(stale.valid());
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     std::memcpy(addr.sun_path, path_.c_str(), path_.size() + 1);
-    ASSERT_EQ(bind(stale, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-    close(stale);
+    ASSERT_EQ(bind(stale.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   }
   auto replaced = UnixListener::Listen(path_, "pull socket");
   ASSERT_TRUE(replaced.ok()) << replaced.status();

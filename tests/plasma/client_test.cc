@@ -194,21 +194,28 @@ TEST(PlasmaClientTest, MissingSocketIsUnavailable) {
 TEST(PlasmaClientTest, AStoreThatAcceptsNoConnectionIsTimedOutNotWaitedForEver) {
   // A stalled raylet: its socket listens, nothing accepts, the backlog (0) is full.
   const std::string path = "/tmp/rf_stalled_plasma_" + std::to_string(getpid());
+  struct Cleanup {  // fds and the socket file go whatever the assertions say
+    std::string path;
+    std::vector<int> fds;
+    ~Cleanup() {
+      for (int fd : fds) ::close(fd);
+      ::unlink(path.c_str());
+    }
+  } cleanup{path, {}};
   ::unlink(path.c_str());
-  int listener = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int listener = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  cleanup.fds.push_back(listener);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   ASSERT_EQ(::listen(listener, 0), 0);
-  std::vector<int> held;  // connections that fill the backlog
-  for (int i = 0; i < 4; ++i) {
-    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      ::close(fd);
-      break;
-    }
-    held.push_back(fd);
+  for (int i = 0; i < 4; ++i) {  // connections that fill the backlog
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    ASSERT_GE(fd, 0);
+    cleanup.fds.push_back(fd);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) break;
   }
   ConnectOptions o;
   o.request_timeout_ms = 300;
@@ -219,9 +226,6 @@ TEST(PlasmaClientTest, AStoreThatAcceptsNoConnectionIsTimedOutNotWaitedForEver) 
   EXPECT_EQ(c.status().code(), StatusCode::kTimedOut) << c.status();
   EXPECT_NE(c.status().message().find("accepts no connection"), std::string::npos) << c.status();
   EXPECT_LT(took, std::chrono::seconds(3));
-  for (int fd : held) ::close(fd);
-  ::close(listener);
-  ::unlink(path.c_str());
 }
 
 TEST(PlasmaClientTest, UnsupportedRayVersionIsRefusedBeforeConnecting) {
