@@ -223,13 +223,15 @@ Result<UnixListener> UnixListener::Listen(const std::string& path, const std::st
                        (err == EADDRINUSE ? " (another process bound it just now)"
                                           : " (its directory missing or not writable?)"));
   }
-  auto bound = BoundFile::Of(path);
-  if (!bound.ok()) return bound.status().WithContext(what + ": " + path + " vanished after bind");
-  // From here a failure closes the socket and unlinks its file (the listener's destructor).
-  UnixListener listener(std::move(fd), path, *bound);
+  // One look at the file bind() made: which file it is (for the unlink at the end), and its mode.
   struct stat made {};
-  if (::lstat(path.c_str(), &made) != 0 || !S_ISSOCK(made.st_mode) ||
-      (made.st_mode & 0777) != 0600) {
+  if (::lstat(path.c_str(), &made) != 0) {
+    const int err = errno;
+    return Unavailable(what + ": " + path + " vanished after bind: " + ErrnoText(err));
+  }
+  // From here a failure closes the socket and unlinks its file (the listener's destructor).
+  UnixListener listener(std::move(fd), path, BoundFile{made.st_dev, made.st_ino});
+  if (!S_ISSOCK(made.st_mode) || (made.st_mode & 0777) != 0600) {
     char mode[8];
     std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(made.st_mode & 07777));
     return PermissionDenied(what + ": " + path + " was created with mode " + mode +

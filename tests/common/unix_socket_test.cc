@@ -3,6 +3,7 @@
 // write ends by its deadline whatever the peer does, a hang-up is seen, and a listener unlinks
 // its path at the end only if the path still names its socket.
 #include "common/unix_socket.h"
+#include "../support/send_fd.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -95,21 +96,7 @@ TEST_F(UnixSocketTest, AnFdComesWithItsByteAndAPlainByteIsAProtocolError) {
   ASSERT_TRUE(file.valid());
   unlink(tmpl);
   ASSERT_EQ(write(file.get(), "segment", 7), 7);
-  char byte = 0;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  const int sent_fd = file.get();
-  std::memcpy(CMSG_DATA(c), &sent_fd, sizeof(int));
-  ASSERT_EQ(sendmsg(sender.get(), &msg, 0), 1);
+  ASSERT_TRUE(testing::SendOneFd(sender.get(), file.get()));
   auto got = receiver.RecvFd(Clock::now() + milliseconds(500));
   ASSERT_TRUE(got.ok()) << got.status();
   struct stat a {

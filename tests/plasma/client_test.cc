@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "../support/send_fd.h"
 #include "flatbuffers/flatbuffers.h"
 #include "plasma/protocol.h"
 #include "plasma_wire_generated.h"
@@ -134,22 +135,7 @@ class FakeStore {
     fbb.Finish(wire::CreateConnectReply(fbb, capacity));
     Reply(MessageType::kConnectReply, fbb);
   }
-  void SendFd(int fd) {
-    char byte = 0;
-    iovec iov{&byte, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    EXPECT_EQ(::sendmsg(conn_, &msg, MSG_NOSIGNAL), 1);
-  }
+  void SendFd(int fd) { EXPECT_TRUE(rayfabric::testing::SendOneFd(conn_, fd)); }
 
  private:
   void Serve() {
