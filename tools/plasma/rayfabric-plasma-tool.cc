@@ -24,7 +24,9 @@ constexpr const char* kUsage =
     "  rayfabric-plasma-tool get <socket> <hex-id> [--timeout-ms N] [--dump FILE] [--twice]\n"
     "  rayfabric-plasma-tool contains <socket> <hex-id>\n"
     "  rayfabric-plasma-tool create <socket> <hex-id> <data-size> <metadata-size> <owner...>\n"
-    "        [--allow-disk-fallback] [--timeout-ms N] [--seal] [--abort]\n"
+    "        [--allow-disk-fallback] [--timeout-ms N] [--seal [--remap]] [--abort]\n"
+    "        --remap: after the seal, a second connection holds the object while this one\n"
+    "        releases it (a fallback object is unmapped) and gets it again (mapped again)\n"
     "  rayfabric-plasma-tool copy <src-socket> <dst-socket> <hex-id> <owner...>\n"
     "        [--allow-disk-fallback] [--timeout-ms N]\n"
     "  rayfabric-plasma-tool misuse <socket> <hex-id>\n"
@@ -50,6 +52,7 @@ struct Args {
   bool allow_disk_fallback = false;
   bool seal = false;
   bool abort = false;
+  bool remap = false;
   bool twice = false;
   std::string dump;
   std::string ray_version;
@@ -76,6 +79,8 @@ rf::Result<Args> Parse(int argc, char** argv) {
       a.seal = true;
     } else if (s == "--abort") {
       a.abort = true;
+    } else if (s == "--remap") {
+      a.remap = true;
     } else if (s == "--twice") {
       a.twice = true;
     } else {
@@ -153,6 +158,28 @@ int CmdContains(const Args& a) {
   return 0;
 }
 
+// The creator's connection releases its sealed object and gets it again, while a second
+// connection holds it: nothing else can evict it in between (an unreferenced object may go).
+int Remap(const Args& a, const rf::ObjectId& id, plasma::PlasmaClient& creator) {
+  auto holder = Open(a, a.positional.at(1));
+  if (!holder.ok()) return Fail(holder.status());
+  auto held = (*holder)->GetOne(id, a.timeout_ms < 0 ? 1000 : a.timeout_ms);
+  if (!held.ok()) return Fail(held.status());
+  std::printf("segments_sealed=%zu\n", creator.Segments().size());
+  rf::Status s = creator.Release(id);
+  if (!s.ok()) return Fail(s);
+  std::printf("segments_released=%zu\n", creator.Segments().size());
+  auto again = creator.GetOne(id, a.timeout_ms < 0 ? 1000 : a.timeout_ms);
+  if (!again.ok()) return Fail(again.status());
+  std::printf("segments_remapped=%zu\n", creator.Segments().size());
+  PrintObject("remapped_", *again);
+  s = creator.Release(id);
+  if (s.ok()) s = (*holder)->Release(id);
+  if (!s.ok()) return Fail(s);
+  std::printf("finished=OK\n");
+  return 0;
+}
+
 int CmdCreate(const Args& a) {
   auto id = rf::ObjectId::FromHex(a.positional.at(2));
   if (!id.ok()) return Fail(id.status());
@@ -176,6 +203,7 @@ int CmdCreate(const Args& a) {
     s = (*c)->Abort(*id);
   } else if (a.seal) {
     s = (*c)->Seal(*id);
+    if (s.ok() && a.remap) return Remap(a, *id, **c);
     if (s.ok()) s = (*c)->Release(*id);
   }
   if (!s.ok()) return Fail(s);
