@@ -157,6 +157,7 @@ Agent::Agent(AgentOptions options, StorePtr serve_store, StorePtr pull_store,
   WatchSegments(*serve_store_);
   WatchSegments(*pull_store_);
   sweeper_ = std::thread([this] { SweepLoop(); });
+  releaser_ = std::thread([this] { ReleaseLoop(); });
 }
 
 Agent::~Agent() {
@@ -166,11 +167,17 @@ Agent::~Agent() {
     stopping_pulls_ = true;
     background_cv_.wait(lock, [this] { return background_pulls_ == 0; });
   }
+  {
+    // No release is queued from now on; the releaser starts those queued already, and ends.
+    std::lock_guard<std::mutex> lock(release_mu_);
+    stopping_releases_ = true;
+  }
+  release_cv_.notify_all();
+  if (releaser_.joinable()) releaser_.join();
   auto unanswered = [this] { return releases_in_flight_.empty(); };
   std::vector<PendingRelease*> to_cancel;
   {
     std::unique_lock<std::mutex> lock(release_mu_);
-    stopping_releases_ = true;
     if (!release_cv_.wait_for(lock, kReleaseDrain, unanswered)) {
       int leases = 0;
       for (const auto& [key, pending] : releases_in_flight_) {

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -211,11 +212,14 @@ class Agent {
   // go on: a lease refused or a Create that found the object).
   bool AnsweredLocal(PullJob& job, plasma::PlasmaClient& store);
   void SweepLoop();
-  // Leases are released after the Pull has answered (off its critical path), each request on its
-  // own asynchronous RPC, so that a source that stopped answering delays no other source's
-  // releases. At shutdown the unanswered ones get kReleaseDrain in all, then are cancelled: such a
-  // source must not hold the agent's exit (its leases expire there anyway).
+  // Leases are released off the Pull's critical path: QueueRelease only hands the request to the
+  // releaser thread (ReleaseLoop), which starts it as its own asynchronous RPC, so that neither
+  // the Pull's answer waits for gRPC to send it (0.1-0.7 ms per Pull, measured on loopback) nor
+  // a source that stopped answering delays another source's releases. At shutdown the queued ones
+  // are still started; the unanswered ones then get kReleaseDrain in all, and are cancelled: such
+  // a source must not hold the agent's exit (its leases expire there anyway).
   void QueueRelease(const std::string& source, v1::ReleaseRequest request);
+  void ReleaseLoop();
   struct PendingRelease {
     std::string source;
     grpc::ClientContext context;
@@ -290,7 +294,13 @@ class Agent {
   std::condition_variable release_cv_;
   bool stopping_releases_ = false;
   uint64_t next_release_ = 0;
+  struct QueuedRelease {
+    std::string source;
+    v1::ReleaseRequest request;
+  };
+  std::deque<QueuedRelease> releases_queued_;  // for the releaser to start
   std::map<uint64_t, std::unique_ptr<PendingRelease>> releases_in_flight_;
+  std::thread releaser_;
   // Per-source work of Pulls with several sources (the first source runs on the Pull's thread).
   WorkerPool source_pool_{8};
   // Early-answered Pulls still reading in the background; the agent waits for them at exit
@@ -299,7 +309,7 @@ class Agent {
   std::condition_variable background_cv_;
   int background_pulls_ = 0;
   std::atomic<bool> stopping_pulls_{false};
-  // Answered; freed by the next QueueRelease or at exit, never inside gRPC's callback.
+  // Answered; freed by the releaser or at exit, never inside gRPC's callback.
   std::vector<std::unique_ptr<PendingRelease>> releases_answered_;
   // This process's mapping of the store, kept warm (config warm_store); stopped in ~Agent once
   // the store connections (whose unmaps it hears of) are gone.

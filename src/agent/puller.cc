@@ -1,6 +1,8 @@
 #include "agent/agent.h"
 
 #include <grpcpp/grpcpp.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -989,37 +991,74 @@ void Agent::FinishReads(const SourceReads& reads, const std::vector<PullJob*>& w
 }
 
 void Agent::QueueRelease(const std::string& source, v1::ReleaseRequest request) {
-  auto pending = std::make_unique<PendingRelease>();
-  pending->source = source;
-  pending->request = std::move(request);
-  pending->context.set_deadline(ToSystem(Clock::now() + kRpcTimeout));
-  peers_.Prepare(pending->context);
-  PendingRelease* call = pending.get();
-  uint64_t key = 0;
   {
     std::lock_guard<std::mutex> lock(release_mu_);
     if (stopping_releases_) {
-      RF_LOG(kWarn, "stopping: " << call->request.leases_size() << " leases at " << source
+      RF_LOG(kWarn, "stopping: " << request.leases_size() << " leases at " << source
                                  << " not released: they expire by themselves");
       return;
     }
-    releases_answered_.clear();
-    key = next_release_++;
-    releases_in_flight_[key] = std::move(pending);
+    releases_queued_.push_back({source, std::move(request)});
   }
-  peers_.Get(source)->async()->ReleaseLeases(
-      &call->context, &call->request, &call->reply, [this, key, call](const grpc::Status& r) {
-        if (!r.ok()) {
-          RF_LOG(kWarn, "releasing " << call->request.leases_size() << " leases at " << call->source
-                                     << " failed (" << r.error_message()
-                                     << "): they expire by themselves");
-        }
-        std::lock_guard<std::mutex> lock(release_mu_);
-        auto it = releases_in_flight_.find(key);
-        releases_answered_.push_back(std::move(it->second));
-        releases_in_flight_.erase(it);
-        release_cv_.notify_all();
-      });
+  release_cv_.notify_all();
+}
+
+void Agent::ReleaseLoop() {
+  // Woken by a Pull that is about to answer: SCHED_BATCH (same share of the CPU, no wake-up
+  // preemption) lets that answer go out before the release is sent, not after.
+  sched_param batch{};
+  if (pthread_setschedparam(pthread_self(), SCHED_BATCH, &batch) != 0) {
+    RF_LOG(kDebug, "the releaser thread runs with the default scheduling policy");
+  }
+  std::unique_lock<std::mutex> lock(release_mu_);
+  for (;;) {
+    release_cv_.wait(lock, [this] { return !releases_queued_.empty() || stopping_releases_; });
+    if (releases_queued_.empty()) return;  // stopping, and every queued release started
+    // Answered calls are freed here, never inside gRPC's callback.
+    std::vector<std::unique_ptr<PendingRelease>> answered = std::move(releases_answered_);
+    releases_answered_.clear();
+    std::deque<QueuedRelease> queued = std::move(releases_queued_);
+    releases_queued_.clear();
+    lock.unlock();
+    answered.clear();
+    std::vector<std::pair<uint64_t, std::unique_ptr<PendingRelease>>> to_start;
+    for (QueuedRelease& q : queued) {
+      auto call = std::make_unique<PendingRelease>();
+      call->source = std::move(q.source);
+      call->request = std::move(q.request);
+      call->context.set_deadline(ToSystem(Clock::now() + kRpcTimeout));
+      peers_.Prepare(call->context);
+      to_start.emplace_back(0, std::move(call));
+    }
+    lock.lock();
+    std::vector<std::pair<uint64_t, PendingRelease*>> started;
+    for (auto& [key, call] : to_start) {
+      key = next_release_++;
+      started.emplace_back(key, call.get());
+      releases_in_flight_[key] = std::move(call);
+    }
+    lock.unlock();
+    // Outside the lock: gRPC may run the callback (which takes it) inline.
+    for (auto [key, call] : started) {
+      peers_.Get(call->source)
+          ->async()
+          ->ReleaseLeases(&call->context, &call->request, &call->reply,
+                          [this, key = key, call = call](const grpc::Status& r) {
+                            if (!r.ok()) {
+                              RF_LOG(kWarn, "releasing " << call->request.leases_size()
+                                                         << " leases at " << call->source
+                                                         << " failed (" << r.error_message()
+                                                         << "): they expire by themselves");
+                            }
+                            std::lock_guard<std::mutex> lock(release_mu_);
+                            auto it = releases_in_flight_.find(key);
+                            releases_answered_.push_back(std::move(it->second));
+                            releases_in_flight_.erase(it);
+                            release_cv_.notify_all();
+                          });
+    }
+    lock.lock();
+  }
 }
 
 void Agent::RecordLink(const std::string& source, const v1::LeaseReply& lease_reply,
