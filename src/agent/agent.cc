@@ -156,8 +156,18 @@ Agent::Agent(AgentOptions options, StorePtr serve_store, StorePtr pull_store,
   }
   WatchSegments(*serve_store_);
   WatchSegments(*pull_store_);
-  sweeper_ = std::thread([this] { SweepLoop(); });
   releaser_ = std::thread([this] { ReleaseLoop(); });
+  try {
+    sweeper_ = std::thread([this] { SweepLoop(); });
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(release_mu_);
+      stopping_releases_ = true;
+    }
+    release_queue_cv_.notify_all();
+    releaser_.join();
+    throw;
+  }
 }
 
 Agent::~Agent() {
@@ -172,7 +182,7 @@ Agent::~Agent() {
     std::lock_guard<std::mutex> lock(release_mu_);
     stopping_releases_ = true;
   }
-  release_cv_.notify_all();
+  release_queue_cv_.notify_all();
   if (releaser_.joinable()) releaser_.join();
   auto unanswered = [this] { return releases_in_flight_.empty(); };
   std::vector<PendingRelease*> to_cancel;

@@ -6,7 +6,6 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -220,6 +219,19 @@ class Agent {
   // a source must not hold the agent's exit (its leases expire there anyway).
   void QueueRelease(const std::string& source, v1::ReleaseRequest request);
   void ReleaseLoop();
+  // Starts, on this thread, the releases still queued for `source`: a lease sent to a source goes
+  // after every release queued for it before (the source bounds what one requester holds).
+  void StartQueuedReleases(const std::string& source);
+  struct QueuedRelease {
+    std::string source;
+    v1::ReleaseRequest request;
+  };
+  // Releases on this thread and waits for the answer (bounded by the Pull): a failover leases the
+  // same objects again next.
+  void ReleaseBeforeLeasingAgain(const std::string& source, const v1::ReleaseRequest& release,
+                                 const PullBounds& bounds);
+  // Starts each as its own asynchronous call (not under release_mu_).
+  void StartReleases(std::vector<QueuedRelease> queued);
   struct PendingRelease {
     std::string source;
     grpc::ClientContext context;
@@ -294,11 +306,8 @@ class Agent {
   std::condition_variable release_cv_;
   bool stopping_releases_ = false;
   uint64_t next_release_ = 0;
-  struct QueuedRelease {
-    std::string source;
-    v1::ReleaseRequest request;
-  };
-  std::deque<QueuedRelease> releases_queued_;  // for the releaser to start
+  std::condition_variable release_queue_cv_;    // the releaser's: work queued, or stopping
+  std::vector<QueuedRelease> releases_queued_;  // for the releaser to start
   std::map<uint64_t, std::unique_ptr<PendingRelease>> releases_in_flight_;
   std::thread releaser_;
   // Per-source work of Pulls with several sources (the first source runs on the Pull's thread).

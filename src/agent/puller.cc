@@ -1,8 +1,6 @@
 #include "agent/agent.h"
 
 #include <grpcpp/grpcpp.h>
-#include <pthread.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -17,7 +15,7 @@
 #include "rayfabric/object_id.h"
 
 // The pull side: a Pull's objects leased from their source agents, created here, read over the
-// fabric, sealed (or aborted and quarantined), and the leases released.
+// fabric, sealed (or aborted and quarantined); the leases are given back in lease_releases.cc.
 namespace rayfabric::agent {
 namespace {
 
@@ -33,13 +31,6 @@ constexpr size_t kCreateGroup = 64;
 // A replica's pages mapped before its read is posted (PopulateForWrite); the rest while it runs.
 constexpr uint64_t kPopulateAhead = 8ULL << 20;
 constexpr uint64_t kPopulateStep = 64ULL << 20;
-constexpr auto kRpcTimeout = std::chrono::seconds(10);
-
-// gRPC deadlines are system_clock; ours are steady_clock.
-std::chrono::system_clock::time_point ToSystem(Clock::time_point t) {
-  return std::chrono::system_clock::now() +
-         std::chrono::duration_cast<std::chrono::system_clock::duration>(t - Clock::now());
-}
 
 std::string ShortHex(const std::string& binary) { return BytesToHex(binary).substr(0, 16); }
 
@@ -62,33 +53,6 @@ constexpr int kMaxBackgroundPulls = 64;
 constexpr auto kReplyMargin = std::chrono::milliseconds(250);
 // A provider whose reads from a source all failed is not offered to that source for this long.
 constexpr auto kUnusableFor = std::chrono::seconds(60);
-
-// Runs one asynchronous unary call (`start` hands gRPC its completion callback) and waits for it,
-// cancelling it if the pull's caller goes away or its deadline passes.
-grpc::Status CancellableCall(grpc::ClientContext& context, const std::function<bool()>& cancelled,
-                             const std::function<void(std::function<void(grpc::Status)>)>& start) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  grpc::Status result;
-  start([&](grpc::Status s) {
-    std::lock_guard<std::mutex> lock(mu);
-    result = std::move(s);
-    done = true;
-    cv.notify_all();
-  });
-  std::unique_lock<std::mutex> lock(mu);
-  bool sent_cancel = false;
-  while (!cv.wait_for(lock, kCancelPoll, [&] { return done; })) {
-    if (!sent_cancel && cancelled && cancelled()) {
-      sent_cancel = true;
-      lock.unlock();
-      context.TryCancel();  // gRPC may run the callback inline: not under our lock
-      lock.lock();
-    }
-  }
-  return result;
-}
 
 Status FromGrpc(const grpc::Status& s, const std::string& what) {
   switch (s.error_code()) {
@@ -578,9 +542,10 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
   v1::LeaseReply lease_reply;
   grpc::ClientContext lease_ctx;
   peers_.Prepare(lease_ctx);
-  lease_ctx.set_deadline(ToSystem(std::min(deadline, Clock::now() + kRpcTimeout)));
+  lease_ctx.set_deadline(ToSystem(std::min(deadline, Clock::now() + kPeerRpcTimeout)));
   // Lease expiries are counted from before the request left: by our clock they end no later than
   // by the source's.
+  StartQueuedReleases(source);
   const Clock::time_point asked_at = Clock::now();
   grpc::Status rpc = CancellableCall(
       lease_ctx, [&bounds] { return bounds.Cancelled(); },
@@ -749,7 +714,8 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
 
   RecordLink(source, lease_reply, fab, jobs);
 
-  // 3. Release every lease we got, whatever happened.
+  // 3. Release every lease we got, whatever happened: queued for the releaser, or (4.) here
+  //    before the same objects are leased again.
   v1::ReleaseRequest release;
   release.set_protocol_version(kProtocolVersion);
   for (PullJob* job : jobs) {
@@ -758,12 +724,14 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
     ref->set_lease_id(job->lease.lease_id());
     ref->set_token(job->lease.token());
   }
-  if (release.leases_size() > 0) QueueRelease(source, std::move(release));
+  auto release_later = [&] {
+    if (release.leases_size() > 0) QueueRelease(source, std::move(release));
+  };
 
   // 4. Reads that failed on this fabric go again over the next provider both nodes share, if
   //    there is one and time is left; a provider none of whose reads worked is skipped with this
   //    source for a while (unreachable between the two: e.g. verbs across two IB subnets).
-  if (fab == nullptr) return;
+  if (fab == nullptr) return release_later();
   std::vector<PullJob*> again;
   Status why;
   bool any_pulled = false;
@@ -775,15 +743,20 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
       again.push_back(job);
     }
   }
-  if (again.empty()) return;
+  if (again.empty()) return release_later();
   if (!any_pulled) MarkUnusable(source, fab->provider(), why);
   // Each provider is tried once per Pull (a source that answers on one it was not offered gets no
   // second try on it).
-  if (!excluded.insert(fab->provider()).second) return;
+  if (!excluded.insert(fab->provider()).second) return release_later();
   const bool another = std::any_of(fabrics_.begin(), fabrics_.end(), [&](const Fabric& other) {
     return excluded.count(other.provider()) == 0;
   });
-  if (!another || bounds.Cancelled() || Clock::now() + kLeaseMargin > bounds.deadline) return;
+  if (!another || bounds.Cancelled() || Clock::now() + kLeaseMargin > bounds.deadline) {
+    return release_later();
+  }
+  // The same objects are leased again at once: released (and answered) first, so that the source
+  // does not count them twice against what this node may hold (max_lease_bytes_per_peer).
+  if (release.leases_size() > 0) ReleaseBeforeLeasingAgain(source, release, bounds);
   for (PullJob* job : again) {
     const std::string object_id = job->result->object_id();
     job->result->Clear();
@@ -988,77 +961,6 @@ void Agent::FinishReads(const SourceReads& reads, const std::vector<PullJob*>& w
     EndFailedReplica(*job, reads.store);
   }
   seal();
-}
-
-void Agent::QueueRelease(const std::string& source, v1::ReleaseRequest request) {
-  {
-    std::lock_guard<std::mutex> lock(release_mu_);
-    if (stopping_releases_) {
-      RF_LOG(kWarn, "stopping: " << request.leases_size() << " leases at " << source
-                                 << " not released: they expire by themselves");
-      return;
-    }
-    releases_queued_.push_back({source, std::move(request)});
-  }
-  release_cv_.notify_all();
-}
-
-void Agent::ReleaseLoop() {
-  // Woken by a Pull that is about to answer: SCHED_BATCH (same share of the CPU, no wake-up
-  // preemption) lets that answer go out before the release is sent, not after.
-  sched_param batch{};
-  if (pthread_setschedparam(pthread_self(), SCHED_BATCH, &batch) != 0) {
-    RF_LOG(kDebug, "the releaser thread runs with the default scheduling policy");
-  }
-  std::unique_lock<std::mutex> lock(release_mu_);
-  for (;;) {
-    release_cv_.wait(lock, [this] { return !releases_queued_.empty() || stopping_releases_; });
-    if (releases_queued_.empty()) return;  // stopping, and every queued release started
-    // Answered calls are freed here, never inside gRPC's callback.
-    std::vector<std::unique_ptr<PendingRelease>> answered = std::move(releases_answered_);
-    releases_answered_.clear();
-    std::deque<QueuedRelease> queued = std::move(releases_queued_);
-    releases_queued_.clear();
-    lock.unlock();
-    answered.clear();
-    std::vector<std::pair<uint64_t, std::unique_ptr<PendingRelease>>> to_start;
-    for (QueuedRelease& q : queued) {
-      auto call = std::make_unique<PendingRelease>();
-      call->source = std::move(q.source);
-      call->request = std::move(q.request);
-      call->context.set_deadline(ToSystem(Clock::now() + kRpcTimeout));
-      peers_.Prepare(call->context);
-      to_start.emplace_back(0, std::move(call));
-    }
-    lock.lock();
-    std::vector<std::pair<uint64_t, PendingRelease*>> started;
-    for (auto& [key, call] : to_start) {
-      key = next_release_++;
-      started.emplace_back(key, call.get());
-      releases_in_flight_[key] = std::move(call);
-    }
-    lock.unlock();
-    // Outside the lock: gRPC may run the callback (which takes it) inline.
-    for (auto [key, call] : started) {
-      peers_.Get(call->source)
-          ->async()
-          ->ReleaseLeases(&call->context, &call->request, &call->reply,
-                          [this, key = key, call = call](const grpc::Status& r) {
-                            if (!r.ok()) {
-                              RF_LOG(kWarn, "releasing " << call->request.leases_size()
-                                                         << " leases at " << call->source
-                                                         << " failed (" << r.error_message()
-                                                         << "): they expire by themselves");
-                            }
-                            std::lock_guard<std::mutex> lock(release_mu_);
-                            auto it = releases_in_flight_.find(key);
-                            releases_answered_.push_back(std::move(it->second));
-                            releases_in_flight_.erase(it);
-                            release_cv_.notify_all();
-                          });
-    }
-    lock.lock();
-  }
 }
 
 void Agent::RecordLink(const std::string& source, const v1::LeaseReply& lease_reply,

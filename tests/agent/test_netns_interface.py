@@ -128,8 +128,10 @@ import numpy as np, ray, rayfabric
 ray.init(address=sys.argv[1], logging_level="ERROR")
 nodes = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
 by_name = {("nA" if "nA" in n["Resources"] else "nB"): i for i, n in nodes.items()}
+# Node A may hold one 8 MiB object pinned at node B, not two: the read over sockets is leased
+# only once the failed one's lease is released, so that release must come first (and answered).
 both = {"RAYFABRIC_PROVIDER": "tcp;ofi_rxm,sockets", "RAYFABRIC_OP_TIMEOUT_MS": "3000",
-        "RAYFABRIC_DRAIN_TIMEOUT_MS": "1000"}
+        "RAYFABRIC_DRAIN_TIMEOUT_MS": "1000", "RAYFABRIC_MAX_LEASE_BYTES_PER_PEER": "12M"}
 rayfabric.init(node_env={by_name["nA"]: both, by_name["nB"]: both}, watch_new_nodes=False)
 status = rayfabric.status()["agents"]
 tcp = next(f for f in status[by_name["nB"]]["fabrics"] if f["provider"] == "tcp;ofi_rxm")
@@ -175,7 +177,9 @@ rayfabric.shutdown()
 def test_a_shared_provider_that_cannot_reach_the_source_gives_way_to_the_next(two_namespaces):
     """Both nodes speak tcp;ofi_rxm and sockets, but the source's tcp endpoint is unreachable (its
     port dropped by an nftables rule on the way in): the first pull fails over tcp after one op
-    timeout and is read again over sockets at once; the next pull goes straight to sockets."""
+    timeout and is read again over sockets at once (its first lease released before the second,
+    which the source's bound per peer would refuse otherwise); the next pull goes straight to
+    sockets."""
     if shutil.which("nft") is None:
         pytest.skip("needs nft (Debian package nftables; scripts/setup.sh installs it)")
     try:
