@@ -617,13 +617,16 @@ ENGINE_TOOL_SUBDIR = os.path.join("tools", "fabric_info")   # where meson builds
 ENGINE_SETTINGS = ("RAYFABRIC_PROVIDER", "RAYFABRIC_DOMAIN", "RAYFABRIC_REQUIRE_RDMA", "FI_PROVIDER")
 
 
-def default_bin_dir(env: Mapping[str, str] = os.environ) -> str:
-    """rayfabric.bin_dir(): $RAYFABRIC_BIN_DIR, else the source tree's build/ (this file is
-    python/rayfabric/doctor.py). Repeated here (not imported) so that the doctor runs as a plain
-    script, without the package on sys.path."""
+def default_bin_dir(env: Mapping[str, str] = os.environ,
+                    here: str = os.path.dirname(os.path.abspath(__file__))) -> str:
+    """rayfabric.bin_dir(): $RAYFABRIC_BIN_DIR, else the installed package's _bin/ (the wheel),
+    else the source tree's build/ (`here` is python/rayfabric/). Repeated here (not imported) so
+    that the doctor runs as a plain script, without the package on sys.path."""
     if env.get("RAYFABRIC_BIN_DIR"):
         return env["RAYFABRIC_BIN_DIR"]
-    return os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build"))
+    if os.path.isdir(os.path.join(here, "_bin")):
+        return os.path.join(here, "_bin")
+    return os.path.abspath(os.path.join(here, "..", "..", "build"))
 
 
 def find_engine_tool(env: Mapping[str, str] = os.environ) -> tuple[str | None, list[str]]:

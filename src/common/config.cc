@@ -107,7 +107,10 @@ Config Config::FromEnvironment() {
 Status Config::Set(const std::string& name, const std::string& value) {
   auto it = values_.find(name);
   if (it == values_.end()) {
-    return InvalidArgument("unknown setting '" + name + "'; see `rayfabric doctor --config`");
+    std::string known;
+    for (const auto& [setting, value] : values_) known += (known.empty() ? "" : ", ") + setting;
+    return InvalidArgument("unknown setting '" + name + "'; the settings are " + known +
+                           " (README.md, Configuration)");
   }
   it->second = {value, "override"};
   return Status::OK();

@@ -52,7 +52,12 @@ TEST(Config, DefaultsEnvironmentAndOverrides) {
 
 TEST(Config, RejectsUnknownNamesAndBadValues) {
   Config c = Config::FromEnvironment();
-  EXPECT_EQ(c.Set("chunk_sise", "1M").code(), StatusCode::kInvalidArgument);
+  Status unknown = c.Set("chunk_sise", "1M");
+  EXPECT_EQ(unknown.code(), StatusCode::kInvalidArgument);
+  // The message names the settings there are (no command that does not exist).
+  EXPECT_NE(unknown.message().find("unknown setting 'chunk_sise'"), std::string::npos);
+  EXPECT_NE(unknown.message().find("chunk_size"), std::string::npos);
+  EXPECT_NE(unknown.message().find("max_lease_bytes_per_peer"), std::string::npos);
   ASSERT_TRUE(c.Set("chunk_size", "12Q").ok());
   Status s = c.GetBytes("chunk_size").status();
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);

@@ -540,6 +540,17 @@ def test_engine_tool_found_under_the_build_root(tmp_path):
     assert r["available"] and r["binary"] == str(sub / "rayfabric-fabric-info")
     # without RAYFABRIC_BIN_DIR: rayfabric.bin_dir()'s default, the source tree's build/
     assert doctor.default_bin_dir({}) == str(ROOT / "build")
+
+
+def test_engine_tool_found_in_an_installed_package(tmp_path):
+    """Installed from the wheel (no RAYFABRIC_BIN_DIR, no build/): the package's _bin/, where the
+    wheel puts tools/fabric_info/rayfabric-fabric-info, as rayfabric.bin_dir() finds it."""
+    package = tmp_path / "site-packages" / "rayfabric"
+    (package / "_bin" / "tools" / "fabric_info").mkdir(parents=True)
+    assert doctor.default_bin_dir({}, here=str(package)) == str(package / "_bin")
+    assert doctor.default_bin_dir({"RAYFABRIC_BIN_DIR": "/x"}, here=str(package)) == "/x"
+    import rayfabric
+    assert rayfabric.bin_dir() == doctor.default_bin_dir()  # the same rule as the package's
     path, looked = doctor.find_engine_tool({"RAYFABRIC_BIN_DIR": str(tmp_path / "none"), "PATH": str(tmp_path)})
     assert path is None and looked[-1] == "PATH" and looked[1].endswith("tools/fabric_info/rayfabric-fabric-info")
 
