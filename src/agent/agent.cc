@@ -440,6 +440,7 @@ v1::StatusReply Agent::GetStatus() const {
     f->set_objects(objects);
   }
   s.set_reports_refused_remote(reports_refused_remote_);
+  s.set_pulls_asked_again_for_room(pulls_asked_again_for_room_);
   std::lock_guard<std::mutex> lock(links_mu_);
   for (const auto& [source, link] : links_) *s.add_peer_links() = link;
   return s;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -173,9 +174,12 @@ class Agent {
   void Settle(const PullBounds& bounds, const std::vector<PullJob*>& jobs);
   // `excluded`: providers not to offer the source (they failed with it in this Pull). Objects
   // whose reads failed on the fabric are pulled again over the next provider both nodes share, if
-  // any, and that provider is skipped with this source for kUnusableFor.
+  // any, and that provider is skipped with this source for kUnusableFor. Objects the source
+  // refused for want of room for this node while leases of this node's there were being given
+  // back are asked again once they are (`room_retried`: done already in this Pull).
   void PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
-                      const PullBounds& bounds, std::set<std::string> excluded = {});
+                      const PullBounds& bounds, std::set<std::string> excluded = {},
+                      bool room_retried = false);
   // One source's side of a Pull, once leased: what StartReads and FinishReads share.
   struct SourceReads {
     const std::string& source;
@@ -222,6 +226,15 @@ class Agent {
   // Starts, on this thread, the releases still queued for `source`: a lease sent to a source goes
   // after every release queued for it before (the source bounds what one requester holds).
   void StartQueuedReleases(const std::string& source);
+  // Whether releases of this node's to `source` are queued or unanswered.
+  bool ReleasesPendingTo(const std::string& source);
+  // Waits until those on their way now are answered: false when the Pull was cancelled or too
+  // little of its time would be left to lease and read (bounded by kPeerRpcTimeout too).
+  bool WaitForReleasesTo(const std::string& source, const PullBounds& bounds);
+  // The margin a reader asks for beyond its own deadline, and (at most) how close to its lease's
+  // end a read may still start.
+  static constexpr std::chrono::seconds kLeaseMargin{2};
+  struct PendingRelease;
   struct QueuedRelease {
     std::string source;
     v1::ReleaseRequest request;
@@ -230,8 +243,15 @@ class Agent {
   // same objects again next.
   void ReleaseBeforeLeasingAgain(const std::string& source, const v1::ReleaseRequest& release,
                                  const PullBounds& bounds);
+  // A release taken from the queue: in releases_in_flight_ under `key`, its call not started yet.
+  struct ReleaseToStart {
+    uint64_t key;
+    PendingRelease* call;
+  };
+  // Under release_mu_: the queued releases (all, or those to *source) made in flight.
+  std::vector<ReleaseToStart> TakeQueuedLocked(const std::string* source);
   // Starts each as its own asynchronous call (not under release_mu_).
-  void StartReleases(std::vector<QueuedRelease> queued);
+  void StartReleases(const std::vector<ReleaseToStart>& calls);
   struct PendingRelease {
     std::string source;
     grpc::ClientContext context;
@@ -291,7 +311,7 @@ class Agent {
       leases_expired_{0}, leases_refused_{0}, bytes_leased_{0}, requests_rejected_{0},
       requests_unauthenticated_{0}, pulls_refused_remote_{0}, leases_size_mismatch_{0},
       pulls_lease_expired_{0}, replicas_quarantined_{0}, store_reconnects_{0},
-      abandoned_creates_aborted_{0}, reports_refused_remote_{0};
+      abandoned_creates_aborted_{0}, reports_refused_remote_{0}, pulls_asked_again_for_room_{0};
   FallbackCounts fallbacks_;
   std::atomic<bool> populate_warned_{false};
   // When this agent started serving: `rayfabric status` reports rates since then.

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <iterator>
 #include <optional>
+#include <vector>
 
 #include "rayfabric/log.h"
 
@@ -29,16 +29,74 @@ void Agent::QueueRelease(const std::string& source, v1::ReleaseRequest request) 
   release_queue_cv_.notify_one();
 }
 
+std::vector<Agent::ReleaseToStart> Agent::TakeQueuedLocked(const std::string* source) {
+  std::vector<ReleaseToStart> taken;
+  auto keep = releases_queued_.begin();
+  for (auto it = releases_queued_.begin(); it != releases_queued_.end(); ++it) {
+    if (source != nullptr && it->source != *source) {
+      if (keep != it) *keep = std::move(*it);
+      ++keep;
+      continue;
+    }
+    try {
+      auto call = std::make_unique<PendingRelease>();
+      call->source = std::move(it->source);
+      call->request = std::move(it->request);
+      const uint64_t key = next_release_++;
+      taken.push_back({key, call.get()});
+      releases_in_flight_[key] = std::move(call);
+    } catch (const std::exception& e) {
+      RF_LOG(kWarn, "releasing leases at " << it->source << " not started (" << e.what()
+                                           << "): they expire by themselves");
+    }
+  }
+  releases_queued_.erase(keep, releases_queued_.end());
+  return taken;
+}
+
 void Agent::StartQueuedReleases(const std::string& source) {
-  std::vector<QueuedRelease> mine;
+  std::vector<ReleaseToStart> mine;
   {
     std::lock_guard<std::mutex> lock(release_mu_);
-    auto theirs = std::stable_partition(releases_queued_.begin(), releases_queued_.end(),
-                                        [&](const QueuedRelease& q) { return q.source != source; });
-    std::move(theirs, releases_queued_.end(), std::back_inserter(mine));
-    releases_queued_.erase(theirs, releases_queued_.end());
+    mine = TakeQueuedLocked(&source);
   }
-  if (!mine.empty()) StartReleases(std::move(mine));
+  StartReleases(mine);
+}
+
+bool Agent::ReleasesPendingTo(const std::string& source) {
+  std::lock_guard<std::mutex> lock(release_mu_);
+  return std::any_of(releases_in_flight_.begin(), releases_in_flight_.end(),
+                     [&](const auto& entry) { return entry.second->source == source; }) ||
+         std::any_of(releases_queued_.begin(), releases_queued_.end(),
+                     [&](const QueuedRelease& q) { return q.source == source; });
+}
+
+bool Agent::WaitForReleasesTo(const std::string& source, const PullBounds& bounds) {
+  StartQueuedReleases(source);
+  // Those on their way now, not those later Pulls start meanwhile; until a lease could still be
+  // asked and read within the Pull's deadline.
+  const Clock::time_point until =
+      std::min(bounds.deadline - kLeaseMargin, Clock::now() + kPeerRpcTimeout);
+  std::unique_lock<std::mutex> lock(release_mu_);
+  std::vector<uint64_t> awaited;
+  for (const auto& [key, call] : releases_in_flight_) {
+    if (call->source == source) awaited.push_back(key);
+  }
+  const auto answered = [&] {
+    return std::none_of(awaited.begin(), awaited.end(),
+                        [&](uint64_t key) { return releases_in_flight_.count(key) > 0; });
+  };
+  // In steps, so that a caller that went away is noticed.
+  for (;;) {
+    if (answered()) return Clock::now() < until;
+    if (Clock::now() >= until) return false;
+    release_cv_.wait_until(lock, std::min(until, Clock::now() + std::chrono::milliseconds(100)),
+                           answered);
+    lock.unlock();
+    const bool cancelled = bounds.Cancelled();
+    lock.lock();
+    if (cancelled) return false;
+  }
 }
 
 void Agent::ReleaseLoop() {
@@ -57,39 +115,27 @@ void Agent::ReleaseLoop() {
     // Answered calls are freed here, never inside gRPC's callback.
     std::vector<std::unique_ptr<PendingRelease>> answered = std::move(releases_answered_);
     releases_answered_.clear();
-    std::vector<QueuedRelease> queued = std::move(releases_queued_);
-    releases_queued_.clear();
+    // In flight from now on (a Pull that asks whether releases are pending sees them).
+    std::vector<ReleaseToStart> to_start = TakeQueuedLocked(nullptr);
     lock.unlock();
     answered.clear();
     if (batched) set_policy(SCHED_OTHER);
-    StartReleases(std::move(queued));
+    StartReleases(to_start);
     if (batched) set_policy(SCHED_BATCH);
     lock.lock();
   }
 }
 
-void Agent::StartReleases(std::vector<QueuedRelease> queued) {
-  for (QueuedRelease& q : queued) {
-    const int leases = q.request.leases_size();
-    const std::string source = q.source;
-    std::optional<uint64_t> key;
+void Agent::StartReleases(const std::vector<ReleaseToStart>& calls) {
+  for (const auto& [key, call] : calls) {
     try {
-      auto stub = peers_.Get(source);
-      auto pending = std::make_unique<PendingRelease>();
-      pending->source = std::move(q.source);
-      pending->request = std::move(q.request);
-      pending->context.set_deadline(ToSystem(Clock::now() + kPeerRpcTimeout));
-      peers_.Prepare(pending->context);
-      PendingRelease* call = pending.get();
-      {
-        std::lock_guard<std::mutex> lock(release_mu_);
-        key = next_release_++;
-        releases_in_flight_[*key] = std::move(pending);
-      }
+      call->context.set_deadline(ToSystem(Clock::now() + kPeerRpcTimeout));
+      peers_.Prepare(call->context);
+      auto stub = peers_.Get(call->source);
       // Not under release_mu_: gRPC may run the callback (which takes it) inline.
       stub->async()->ReleaseLeases(
           &call->context, &call->request, &call->reply,
-          [this, key = *key, call](const grpc::Status& r) {
+          [this, key = key, call = call](const grpc::Status& r) {
             if (!r.ok()) {
               RF_LOG(kWarn, "releasing " << call->request.leases_size() << " leases at "
                                          << call->source << " failed (" << r.error_message()
@@ -100,21 +146,19 @@ void Agent::StartReleases(std::vector<QueuedRelease> queued) {
             if (it == releases_in_flight_.end()) return;  // its start threw: given up there
             releases_answered_.push_back(std::move(it->second));
             releases_in_flight_.erase(it);
-            release_cv_.notify_all();  // the destructor may be waiting for the last one
+            release_cv_.notify_all();  // the destructor or a Pull may be waiting for it
           });
     } catch (const std::exception& e) {
-      RF_LOG(kWarn, "releasing " << leases << " leases at " << source << " not started ("
-                                 << e.what() << "): they expire by themselves");
-      if (key.has_value()) {
-        // Not in flight: no callback will come, and the exit must not wait for one.
-        std::lock_guard<std::mutex> lock(release_mu_);
-        auto it = releases_in_flight_.find(*key);
-        if (it != releases_in_flight_.end()) {
-          releases_answered_.push_back(std::move(it->second));
-          releases_in_flight_.erase(it);
-        }
-        release_cv_.notify_all();
+      std::lock_guard<std::mutex> lock(release_mu_);
+      RF_LOG(kWarn, "releasing " << call->request.leases_size() << " leases at " << call->source
+                                 << " not started (" << e.what() << "): they expire by themselves");
+      // Not in flight: no callback will come, and neither the exit nor a Pull may wait for one.
+      auto it = releases_in_flight_.find(key);
+      if (it != releases_in_flight_.end()) {
+        releases_answered_.push_back(std::move(it->second));
+        releases_in_flight_.erase(it);
       }
+      release_cv_.notify_all();
     }
   }
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <set>
@@ -40,9 +41,6 @@ void SetError(v1::PullResult& r, const Status& s) {
   r.set_error(s.message());
 }
 
-// The margin a reader asks for beyond its own deadline, and (at most) how close to its lease's end
-// a read may still start.
-constexpr auto kLeaseMargin = std::chrono::seconds(2);
 // How often a pull looks whether its caller went away.
 constexpr auto kCancelPoll = std::chrono::milliseconds(100);
 // How often a Pull asks whether its caller went away, at most (PullBounds::Cancelled).
@@ -511,7 +509,8 @@ void Agent::MarkUnusable(const std::string& source, const std::string& provider,
 }
 
 void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
-                           const PullBounds& bounds, std::set<std::string> excluded) {
+                           const PullBounds& bounds, std::set<std::string> excluded,
+                           bool room_retried) {
   const Clock::time_point deadline = bounds.deadline;
   // This connection creates, seals or aborts every replica of this source's objects, and stays
   // open while any of their reads may land (see StorePtr).
@@ -546,6 +545,9 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
   // Lease expiries are counted from before the request left: by our clock they end no later than
   // by the source's.
   StartQueuedReleases(source);
+  // Earlier leases of this node's at the source not yet given back: a refusal for want of room may
+  // be theirs (asked again below, once they are).
+  const bool releases_pending = ReleasesPendingTo(source);
   const Clock::time_point asked_at = Clock::now();
   grpc::Status rpc = CancellableCall(
       lease_ctx, [&bounds] { return bounds.Cancelled(); },
@@ -624,11 +626,23 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
       rail_peers.push_back(*added);
     }
   }
+  // A refusal for want of room may pass once this node's leases there are given back: earlier
+  // Pulls' still on their way, or this one's, once read. Asked again then, once per Pull.
+  const bool room_may_come =
+      !room_retried && peer_status.ok() &&
+      (releases_pending || std::any_of(lease_reply.leases().begin(), lease_reply.leases().end(),
+                                       [](const v1::Lease& lease) {
+                                         return lease.error_code() == v1::ERROR_CODE_NONE;
+                                       }));
+  std::vector<PullJob*> refused_for_room;  // not settled yet: they may be pulled after all
   for (size_t i = 0; i < jobs.size(); ++i) {
     PullJob& job = *jobs[i];
     job.lease = lease_reply.leases(static_cast<int>(i));
     if (job.lease.error_code() != v1::ERROR_CODE_NONE) {
       if (AnsweredLocal(job, *store)) continue;
+      if (room_may_come && job.lease.error_code() == v1::ERROR_CODE_RESOURCE_EXHAUSTED) {
+        refused_for_room.push_back(&job);
+      }
       // The source's reason, as its code (NotFound: not there; ResourceExhausted: its bounds).
       const int code = job.lease.error_code();
       const StatusCode why = code > 0 && code <= static_cast<int>(StatusCode::kInternal)
@@ -680,7 +694,12 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
     }
   }
   for (PullJob* job : jobs) job->result->set_provider(lease_reply.provider());
-  Settle(bounds, jobs);  // the refused ones
+  std::vector<PullJob*> settled;  // the refused ones, but those that may be asked again
+  std::copy_if(jobs.begin(), jobs.end(), std::back_inserter(settled), [&](PullJob* job) {
+    return std::find(refused_for_room.begin(), refused_for_room.end(), job) ==
+           refused_for_room.end();
+  });
+  Settle(bounds, settled);
 
   // 2. In waves: create the replicas and start their reads, a group at a time (the next group's
   //    creates overlap this group's reads); then wait for each read, sealing in groups.
@@ -707,12 +726,12 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
       }
       StartReads(reads, group, wave, wave_bytes);
     }
-    Settle(bounds, jobs);  // this wave's replicas are created: claimed
+    Settle(bounds, settled);  // this wave's replicas are created: claimed
     ++phases.waves;
     FinishReads(reads, wave);
   }
 
-  RecordLink(source, lease_reply, fab, jobs);
+  RecordLink(source, lease_reply, fab, settled);  // not (yet) those that may be asked again
 
   // 3. Release every lease we got, whatever happened: queued for the releaser, or (4.) here
   //    before the same objects are leased again.
@@ -728,36 +747,47 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
     if (release.leases_size() > 0) QueueRelease(source, std::move(release));
   };
 
-  // 4. Reads that failed on this fabric go again over the next provider both nodes share, if
-  //    there is one and time is left; a provider none of whose reads worked is skipped with this
-  //    source for a while (unreachable between the two: e.g. verbs across two IB subnets).
-  if (fab == nullptr) return release_later();
+  // 4. What goes again, to the same source:
+  //  - reads that failed on this fabric, over the next provider both nodes share, if there is one;
+  //    a provider none of whose reads worked is skipped with this source for a while (unreachable
+  //    between the two: e.g. verbs across two IB subnets);
+  //  - objects the source refused for want of room for this node (max_lease_bytes_per_peer) while
+  //    leases of this node's there were about to be given back (earlier Pulls', or this one's),
+  //    once they are; once per Pull.
+  //  Both only while time is left.
   std::vector<PullJob*> again;
-  Status why;
-  bool any_pulled = false;
-  for (PullJob* job : jobs) {
-    any_pulled = any_pulled || job->result->outcome() == v1::PULLED;
-    if (job->fabric_failed && job->result->outcome() == v1::FAILED) {
-      if (again.empty())
-        why = Status(static_cast<StatusCode>(job->result->error_code()), job->result->error());
-      again.push_back(job);
+  std::set<std::string> next_excluded = excluded;
+  if (fab != nullptr) {
+    Status why;
+    bool any_pulled = false;
+    for (PullJob* job : jobs) {
+      any_pulled = any_pulled || job->result->outcome() == v1::PULLED;
+      if (job->fabric_failed && job->result->outcome() == v1::FAILED) {
+        if (again.empty())
+          why = Status(static_cast<StatusCode>(job->result->error_code()), job->result->error());
+        again.push_back(job);
+      }
     }
+    if (!again.empty() && !any_pulled) MarkUnusable(source, fab->provider(), why);
+    // Each provider is tried once per Pull (a source that answers on one it was not offered gets
+    // no second try on it).
+    const bool another = next_excluded.insert(fab->provider()).second &&
+                         std::any_of(fabrics_.begin(), fabrics_.end(), [&](const Fabric& other) {
+                           return next_excluded.count(other.provider()) == 0;
+                         });
+    if (!another) again.clear();
   }
-  if (again.empty()) return release_later();
-  if (!any_pulled) MarkUnusable(source, fab->provider(), why);
-  // Each provider is tried once per Pull (a source that answers on one it was not offered gets no
-  // second try on it).
-  if (!excluded.insert(fab->provider()).second) return release_later();
-  const bool another = std::any_of(fabrics_.begin(), fabrics_.end(), [&](const Fabric& other) {
-    return excluded.count(other.provider()) == 0;
-  });
-  if (!another || bounds.Cancelled() || Clock::now() + kLeaseMargin > bounds.deadline) {
+  const auto time_left = [&] {
+    return !bounds.Cancelled() && Clock::now() + kLeaseMargin <= bounds.deadline;
+  };
+  if ((again.empty() && refused_for_room.empty()) || !time_left()) {
+    Settle(bounds, refused_for_room);  // failed: not asked again
     return release_later();
   }
-  // The same objects are leased again at once: released (and answered) first, so that the source
-  // does not count them twice against what this node may hold (max_lease_bytes_per_peer).
+  // The same source is leased again at once: this attempt's leases are released (and answered)
+  // first, so that the source does not count them twice against what this node may hold.
   if (release.leases_size() > 0) ReleaseBeforeLeasingAgain(source, release, bounds);
-  for (PullJob* job : again) {
+  auto reset = [](PullJob* job) {
     const std::string object_id = job->result->object_id();
     job->result->Clear();
     job->result->set_object_id(object_id);
@@ -768,10 +798,26 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
     job->transfer = fabric::Transfer();
     job->rails_used = 0;
     job->fabric_failed = false;
+  };
+  if (!again.empty() && time_left()) {
+    for (PullJob* job : again) reset(job);
+    RF_LOG(kInfo, again.size() << " object(s) from " << source << " failed over " << fab->provider()
+                               << ": trying the next provider both nodes have");
+    PullFromSource(source, again, bounds, std::move(next_excluded),
+                   room_retried || !refused_for_room.empty());
   }
-  RF_LOG(kInfo, again.size() << " object(s) from " << source << " failed over " << fab->provider()
-                             << ": trying the next provider both nodes have");
-  PullFromSource(source, again, bounds, std::move(excluded));
+  if (refused_for_room.empty()) return;
+  // Each keeps its refusal unless it is asked again.
+  if (!time_left() || !WaitForReleasesTo(source, bounds) || !time_left()) {
+    Settle(bounds, refused_for_room);
+    return;
+  }
+  for (PullJob* job : refused_for_room) reset(job);
+  ++pulls_asked_again_for_room_;
+  RF_LOG(kInfo, refused_for_room.size()
+                    << " object(s) refused by " << source
+                    << " for want of room: asked again, this node's leases there given back");
+  PullFromSource(source, refused_for_room, bounds, excluded, /*room_retried=*/true);
 }
 
 bool Agent::RefusedForLeaseEnd(PullJob& job, const std::string& source) {

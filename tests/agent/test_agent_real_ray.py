@@ -850,6 +850,62 @@ def test_a_pull_says_how_much_of_its_lease_was_the_source_and_how_much_the_way(c
     assert wait_idle() == {}
 
 
+class _SlowReleaseFront(AgentFront):
+    """A real agent behind a front that holds each ReleaseLeases `delay` seconds before passing it
+    on, as a long or busy link would: the reader's leases stay held at the source meanwhile."""
+
+    def __init__(self, target, delay):
+        self.delay = delay
+        self.releases = 0
+        super().__init__(target)
+
+    def forward(self, method, payload):
+        if method == "ReleaseLeases":
+            time.sleep(self.delay)
+            self.releases += 1
+        return super().forward(method, payload)
+
+
+def test_a_lease_refused_for_room_is_asked_again_once_the_readers_leases_are_given_back(cluster):
+    """n2's store is 400 MiB, so one reader host may hold 200 MiB of it pinned
+    (max_lease_bytes_per_peer, 50%). Three 110 MiB objects pulled one after the other through a
+    front that holds each release 2 s: each lease after the first finds the one before still held
+    and is refused for want of room; the Pull waits for that release to be answered, asks again,
+    and reads the object (before: it failed, and was left to Ray's path). An early-answered Pull
+    (answer_when_claimed) hears CLAIMED (or PULLED), not the refusal. Every byte checked on the
+    reader's node."""
+    n1, n2 = cluster["nodes"]["n1"], cluster["nodes"]["n2"]
+    size = 110 * MiB
+    refs = [produce.options(resources={"n2": 0.01}).remote("numpy", size, 210 + i) for i in range(3)]
+    ray.wait(refs, num_returns=3, fetch_local=False, timeout=120)
+    assert wait_idle() == {}
+    front = _SlowReleaseFront(cluster["records"][n2]["address"], 2.0)
+    items = [pull_item(r, front.address) for r in refs]  # located before: nothing between the pulls
+    c = client_of(cluster, "n1", local=True)
+    asked_again = agent_status(n1)["pulls_asked_again_for_room"]
+    refused = agent_status(n2)["leases_refused"]
+    try:
+        first = c.pull([items[0]], 30)
+        second = c.pull([items[1]], 30)
+        third = c.pull([items[2]], 30, answer_when_claimed=True, answer_within_s=20)
+        assert wait_for(lambda: front.releases == 3, timeout=20), front.releases
+    finally:
+        c.close()
+        front.close(grace=5)
+    assert first.results[0].outcome == pb.PULLED, first
+    assert second.results[0].outcome == pb.PULLED, second
+    # claimed (answered while its read goes on) or, had the read ended first, pulled: not refused
+    assert third.results[0].outcome in (pb.CLAIMED, pb.PULLED), third
+    assert agent_status(n2)["leases_refused"] == refused + 2  # the second's and the third's first
+    assert agent_status(n1)["pulls_asked_again_for_room"] == asked_again + 2
+    assert second.phases.total_s >= 1.0, second.phases  # it waited for the first release's answer
+    for i in (1, 2):
+        digest = ray.get(digest_task.options(resources={"n1": 0.01}).remote([refs[i]]), timeout=60)
+        assert digest == digest_of(make_value("numpy", size, 210 + i)), i
+    del refs
+    assert wait_idle() == {}
+
+
 def test_objects_across_registration_slices(cluster):
     """With registrations capped at 64 MiB, a lease describes an object by the slices it crosses
     (object exposure: its own registrations; arena exposure: the arena's), they add up to the
