@@ -31,6 +31,7 @@ void Agent::QueueRelease(const std::string& source, v1::ReleaseRequest request) 
 
 std::vector<Agent::ReleaseToStart> Agent::TakeQueuedLocked(const std::string* source) {
   std::vector<ReleaseToStart> taken;
+  taken.reserve(releases_queued_.size());  // no push_back below throws
   auto keep = releases_queued_.begin();
   for (auto it = releases_queued_.begin(); it != releases_queued_.end(); ++it) {
     if (source != nullptr && it->source != *source) {
@@ -40,11 +41,12 @@ std::vector<Agent::ReleaseToStart> Agent::TakeQueuedLocked(const std::string* so
     }
     try {
       auto call = std::make_unique<PendingRelease>();
-      call->source = std::move(it->source);
+      call->source = it->source;
       call->request = std::move(it->request);
       const uint64_t key = next_release_++;
-      taken.push_back({key, call.get()});
-      releases_in_flight_[key] = std::move(call);
+      PendingRelease* started = call.get();
+      releases_in_flight_[key] = std::move(call);  // owned by the table from here
+      taken.push_back({key, started});
     } catch (const std::exception& e) {
       RF_LOG(kWarn, "releasing leases at " << it->source << " not started (" << e.what()
                                            << "): they expire by themselves");
@@ -56,10 +58,14 @@ std::vector<Agent::ReleaseToStart> Agent::TakeQueuedLocked(const std::string* so
 
 void Agent::StartQueuedReleases(const std::string& source) {
   std::vector<ReleaseToStart> mine;
+  std::vector<std::unique_ptr<PendingRelease>> answered;  // freed here, outside gRPC's callback
   {
     std::lock_guard<std::mutex> lock(release_mu_);
+    answered = std::move(releases_answered_);
+    releases_answered_.clear();
     mine = TakeQueuedLocked(&source);
   }
+  answered.clear();
   StartReleases(mine);
 }
 
