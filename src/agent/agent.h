@@ -252,6 +252,8 @@ class Agent {
   std::vector<ReleaseToStart> TakeQueuedLocked(const std::string* source);
   // Starts each as its own asynchronous call (not under release_mu_).
   void StartReleases(const std::vector<ReleaseToStart>& calls);
+  // Answered, or never to be: out of releases_in_flight_ (into releases_answered_).
+  void RetireRelease(uint64_t key);
   struct PendingRelease {
     std::string source;
     grpc::ClientContext context;

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <optional>
 #include <vector>
 
 #include "rayfabric/log.h"
@@ -147,26 +146,24 @@ void Agent::StartReleases(const std::vector<ReleaseToStart>& calls) {
                                          << call->source << " failed (" << r.error_message()
                                          << "): they expire by themselves");
             }
-            std::lock_guard<std::mutex> lock(release_mu_);
-            auto it = releases_in_flight_.find(key);
-            if (it == releases_in_flight_.end()) return;  // its start threw: given up there
-            releases_answered_.push_back(std::move(it->second));
-            releases_in_flight_.erase(it);
-            release_cv_.notify_all();  // the destructor or a Pull may be waiting for it
+            RetireRelease(key);
           });
     } catch (const std::exception& e) {
-      std::lock_guard<std::mutex> lock(release_mu_);
       RF_LOG(kWarn, "releasing " << call->request.leases_size() << " leases at " << call->source
                                  << " not started (" << e.what() << "): they expire by themselves");
-      // Not in flight: no callback will come, and neither the exit nor a Pull may wait for one.
-      auto it = releases_in_flight_.find(key);
-      if (it != releases_in_flight_.end()) {
-        releases_answered_.push_back(std::move(it->second));
-        releases_in_flight_.erase(it);
-      }
-      release_cv_.notify_all();
+      // No callback will come, and neither the exit nor a Pull may wait for one.
+      RetireRelease(key);
     }
   }
+}
+
+void Agent::RetireRelease(uint64_t key) {
+  std::lock_guard<std::mutex> lock(release_mu_);
+  auto it = releases_in_flight_.find(key);
+  if (it == releases_in_flight_.end()) return;          // retired already (its start threw)
+  releases_answered_.push_back(std::move(it->second));  // freed outside gRPC's callback
+  releases_in_flight_.erase(it);
+  release_cv_.notify_all();  // the destructor or a Pull may be waiting for it
 }
 
 void Agent::ReleaseBeforeLeasingAgain(const std::string& source, const v1::ReleaseRequest& release,

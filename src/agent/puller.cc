@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <iterator>
 #include <limits>
 #include <optional>
 #include <set>
@@ -695,10 +694,13 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
   }
   for (PullJob* job : jobs) job->result->set_provider(lease_reply.provider());
   std::vector<PullJob*> settled;  // the refused ones, but those that may be asked again
-  std::copy_if(jobs.begin(), jobs.end(), std::back_inserter(settled), [&](PullJob* job) {
-    return std::find(refused_for_room.begin(), refused_for_room.end(), job) ==
-           refused_for_room.end();
-  });
+  for (size_t i = 0, r = 0; i < jobs.size(); ++i) {  // refused_for_room is in the jobs' order
+    if (r < refused_for_room.size() && refused_for_room[r] == jobs[i]) {
+      ++r;
+    } else {
+      settled.push_back(jobs[i]);
+    }
+  }
   Settle(bounds, settled);
 
   // 2. In waves: create the replicas and start their reads, a group at a time (the next group's

@@ -91,6 +91,9 @@ rf::Result<Args> Parse(int argc, char** argv) {
   return a;
 }
 
+// --timeout-ms for a Get, 1 s unless given.
+int64_t GetTimeoutMs(const Args& a) { return a.timeout_ms < 0 ? 1000 : a.timeout_ms; }
+
 rf::Result<plasma::OwnerAddress> ParseOwner(const std::vector<std::string>& p, size_t at) {
   if (p.size() < at + 4) return rf::InvalidArgument("owner needs 4 fields");
   plasma::OwnerAddress o;
@@ -129,7 +132,7 @@ int CmdGet(const Args& a) {
   if (!c.ok()) return Fail(c.status());
   int rounds = a.twice ? 2 : 1;  // --twice: Get/Release twice on one connection (fd bookkeeping)
   for (int r = 0; r < rounds; ++r) {
-    auto b = (*c)->GetOne(*id, a.timeout_ms < 0 ? 1000 : a.timeout_ms);
+    auto b = (*c)->GetOne(*id, GetTimeoutMs(a));
     if (!b.ok()) return Fail(b.status());
     if (r == 0) {
       std::printf("status=OK\n");
@@ -163,13 +166,13 @@ int CmdContains(const Args& a) {
 int Remap(const Args& a, const rf::ObjectId& id, plasma::PlasmaClient& creator) {
   auto holder = Open(a, a.positional.at(1));
   if (!holder.ok()) return Fail(holder.status());
-  auto held = (*holder)->GetOne(id, a.timeout_ms < 0 ? 1000 : a.timeout_ms);
+  auto held = (*holder)->GetOne(id, GetTimeoutMs(a));
   if (!held.ok()) return Fail(held.status());
   std::printf("segments_sealed=%zu\n", creator.Segments().size());
   rf::Status s = creator.Release(id);
   if (!s.ok()) return Fail(s);
   std::printf("segments_released=%zu\n", creator.Segments().size());
-  auto again = creator.GetOne(id, a.timeout_ms < 0 ? 1000 : a.timeout_ms);
+  auto again = creator.GetOne(id, GetTimeoutMs(a));
   if (!again.ok()) return Fail(again.status());
   std::printf("segments_remapped=%zu\n", creator.Segments().size());
   PrintObject("remapped_", *again);
@@ -220,7 +223,7 @@ int CmdCopy(const Args& a) {
   if (!src.ok()) return Fail(src.status());
   auto dst = Open(a, a.positional.at(2));
   if (!dst.ok()) return Fail(dst.status());
-  auto from = (*src)->GetOne(*id, a.timeout_ms < 0 ? 1000 : a.timeout_ms);
+  auto from = (*src)->GetOne(*id, GetTimeoutMs(a));
   if (!from.ok()) return Fail(from.status());
   plasma::CreateOptions o;
   o.owner = *owner;
