@@ -779,11 +779,11 @@ def object_label(row):
     return f"{row['kind']} {n}"
 
 
-def format_table(rows, ceilings):
+def format_table(rows, ceilings, congestion=None):
     out = []
     for provider in dict.fromkeys(r["provider"] for r in rows):
         c = ceilings.get(provider) or {}
-        head = f"provider {provider}"
+        head = f"provider {provider}" + (f" (TCP congestion control {congestion})" if congestion else "")
         if "tcp_stream_gbps" in c:
             head += (f"; ceilings this run: raw fi_read (rayfabric-bench, per size), TCP stream "
                      f"{c['tcp_stream_gbps']:.2f} GB/s, memcpy {c['memcpy_gbps']:.2f} GB/s")
@@ -948,9 +948,20 @@ def plots(doc, outdir, log):
     return files
 
 
+def tcp_congestion():
+    """The kernel's TCP congestion control for new connections (this network namespace): Ray's
+    gRPC and the tcp provider both follow it, and on this VM it moves both (docs/benchmarks.md,
+    "TCP congestion control")."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
 def machine():
     info = {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(),
-            "ray": ray.__version__, "numpy": np.__version__}
+            "ray": ray.__version__, "numpy": np.__version__, "tcp_congestion_control": tcp_congestion()}
     try:
         with open("/proc/meminfo") as f:
             info["mem_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
@@ -1070,7 +1081,7 @@ def report(a):
         doc["notes"] += part.get("notes", [])
         doc["consumer_crashes"] += part.get("consumer_crashes", [])
     doc["rows"] = pair_rows(doc["results"], doc["ceilings"])
-    print(format_table(doc["rows"], doc["ceilings"]))
+    print(format_table(doc["rows"], doc["ceilings"], (doc["meta"].get("machine") or {}).get("tcp_congestion_control")))
     if a.plots:
         for f in plots(doc, a.plots, print):
             print("plot:", f)
@@ -1128,7 +1139,7 @@ def main(argv=None):
     print(f"rayfabric bench: Ray {ray.__version__} object manager vs rayfabric, {doc['meta']['cluster']}; "
           f"GB/s = payload / get time in the consumer; CPU s/GB = raylet + rayfabricd + consumer workers "
           f"of the source / destination nodes")
-    print(format_table(doc["rows"], doc["ceilings"]))
+    print(format_table(doc["rows"], doc["ceilings"], doc["meta"]["machine"]["tcp_congestion_control"]))
     for n in bench.notes:
         print("note:", n)
     for f in bench.failures:

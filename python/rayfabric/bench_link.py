@@ -98,6 +98,14 @@ def raw_over_link(provider, sizes, iters):
         os.unlink(path)
 
 
+def congestion_in(ns):
+    """The namespace's TCP congestion control (a new namespace starts with the host's): it paces
+    Ray's connections and the tcp provider's alike (docs/benchmarks.md, "TCP congestion control")."""
+    p = subprocess.run(["ip", "netns", "exec", ns, "cat", "/proc/sys/net/ipv4/tcp_congestion_control"],
+                       capture_output=True, text=True, timeout=30)
+    return p.stdout.strip() or None
+
+
 def summarize(rate, nbytes, rows, raw):
     link = netns.rate_bits(rate)
     out = {"link": rate, "bytes": nbytes}
@@ -160,9 +168,11 @@ def main(argv=None):
     print(f"rayfabric bench --link: 2 nodes in network namespaces, one link shaped to {', '.join(rates)} in turn; "
           f"objects of {', '.join(f'{s // MiB} MiB' for s in sizes)}; {a.reps} repetitions (+1 warm-up); "
           f"{a.provider}", flush=True)
-    results, summaries = [], []
+    results, summaries, congestion = [], [], None
     try:
         pair.start()
+        congestion = congestion_in(netns.NAMESPACES[0])
+        print(f"  TCP congestion control in the namespaces: {congestion}", flush=True)
         for rate in rates:
             pair.shape(rate)
             t0 = time.monotonic()
@@ -188,7 +198,8 @@ def main(argv=None):
         print(f"raw ceiling not measured on: {', '.join(raw_failed)}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"provider": a.provider, "reps": a.reps, "runs": results, "summary": summaries}, f, indent=1)
+            json.dump({"provider": a.provider, "reps": a.reps, "tcp_congestion_control": congestion,
+                       "runs": results, "summary": summaries}, f, indent=1)
     return 1 if bad or raw_failed else 0
 
 

@@ -774,9 +774,47 @@ def check_control_plane(env: Mapping[str, str]) -> list[Finding]:
                     "")]
 
 
+PROC_SYS = "/proc/sys"
+TCP_CONGESTION = "net/ipv4/tcp_congestion_control"   # under PROC_SYS
+DEFAULT_QDISC = "net/core/default_qdisc"
+TCP_CARRIED = ("tcp", "sockets")   # core providers whose bytes travel on kernel TCP connections
+
+
+def check_tcp_congestion(congestion: str | None, default_qdisc: str | None, provider: str | None) -> list[Finding]:
+    """BBR paces every TCP connection's sends (in the kernel's TCP itself where the interface's
+    qdisc is not fq). Measured on the development VM over loopback, tcp;ofi_rxm (docs/benchmarks.md,
+    "TCP congestion control"): bursts held back after idle and a third less throughput than cubic.
+
+    provider: the engine's chosen provider ("tcp;ofi_rxm"), None when unknown. A warning when the
+    node's objects travel on TCP, a note otherwise (a peer without this node's RDMA fabric still
+    pairs with it over TCP).
+    """
+    if (congestion or "").strip() != "bbr":
+        return []
+    core = (provider or "").split(";")[0]
+    on_tcp = core in TCP_CARRIED
+    qdisc = (default_qdisc or "").strip()
+    where = ("paced (by the fq qdisc, the default one here)" if qdisc == "fq" else
+             f"paced (by TCP itself unless the interface's qdisc is fq; net.core.default_qdisc is "
+             f"{qdisc or 'unknown'})")
+    msg = (f"TCP congestion control is bbr (net.ipv4.tcp_congestion_control): every TCP connection's sends are {where}, "
+           + (f"the engine's {provider} connections included" if on_tcp else
+              "those of any peer this node reaches over a TCP provider included")
+           + "; measured over loopback on a 2-vCPU VM (tcp;ofi_rxm, rayfabric-bench): 256 MiB reads at "
+           "3.4-3.9 GB/s against 5.3-5.5 with cubic, and 1 MiB reads after 10 ms of idle held back "
+           "10-30 ms, 3-11 in 1,000 (none with cubic)")
+    fix = ("`sysctl -w net.ipv4.tcp_congestion_control=cubic`, or for the fabric's routes only "
+           "`ip route change ROUTE congctl cubic` (nodes of one host: the `local ADDR` route in "
+           "`ip route show table local`); either applies to connections made afterwards (restart "
+           "the agents); compare with `rayfabric-bench --op read --gap-us 10000` before and after "
+           "(Ray's own object transfer rides TCP too)")
+    return [Finding(WARNING if on_tcp else INFO, "tcp-congestion-bbr", msg, fix)]
+
+
 # ----------------------------------------------------------------------------- report
 
-def diagnose(*, sysfs: str = SYSFS_IB, dev_dir: str = "/dev/infiniband", fi_info: str | None = None, store_bytes: int | None = None,
+def diagnose(*, sysfs: str = SYSFS_IB, dev_dir: str = "/dev/infiniband", proc_sys: str = PROC_SYS,
+             fi_info: str | None = None, store_bytes: int | None = None,
              store_source: str = "", want_huge: bool = False, huge_running: bool = False,
              env: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """Gather everything on this machine and evaluate it; returns the JSON-able report."""
@@ -806,6 +844,8 @@ def diagnose(*, sysfs: str = SYSFS_IB, dev_dir: str = "/dev/infiniband", fi_info
     es = engine_selection(agent_env)
     findings += check_engine(es, bool(rdma_sel) and not any(f.severity == ERROR for f in findings), agent_env)
     findings += check_control_plane(env)
+    findings += check_tcp_congestion(_read(Path(proc_sys) / TCP_CONGESTION), _read(Path(proc_sys) / DEFAULT_QDISC),
+                                     es["selection"].get("provider") if es["available"] else None)
     usable = not any(f.severity == ERROR for f in findings)
     engine = ""
     if es["available"]:
@@ -920,6 +960,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     + EFA_FI_INFO + ")")
     ap.add_argument("--sysfs", default=SYSFS_IB, help=argparse.SUPPRESS)          # tests: a laid-out tree
     ap.add_argument("--dev-dir", default="/dev/infiniband", help=argparse.SUPPRESS)
+    ap.add_argument("--proc-sys", default=PROC_SYS, help=argparse.SUPPRESS)         # tests: a laid-out tree
     a = ap.parse_args(argv)
     if a.store_bytes:
         try:
@@ -930,7 +971,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         store, source, ray_huge = ray_store_bytes()
     want_huge = a.huge_pages or bool(ray_huge)
-    r = diagnose(sysfs=a.sysfs, dev_dir=a.dev_dir, fi_info=a.fi_info, store_bytes=store, store_source=source,
+    r = diagnose(sysfs=a.sysfs, dev_dir=a.dev_dir, proc_sys=a.proc_sys, fi_info=a.fi_info, store_bytes=store, store_source=source,
                  want_huge=want_huge, huge_running=bool(ray_huge))
     print(json.dumps(r, indent=2) if a.json else render_text(r))
     if a.json_file:

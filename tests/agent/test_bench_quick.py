@@ -59,6 +59,11 @@ def test_ceiling_table_and_plots(report):
     for r in doc["rows"]:
         assert r["ceiling_gbps"] > 0 and r["fraction_of_ceiling"] > 0, r
     assert f"provider {PROVIDER}" in report["stdout"] and "rf/Ray" in report["stdout"]
+    # the host's TCP congestion control, which moves both paths on TCP (docs/benchmarks.md)
+    with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+        congestion = f.read().strip()
+    assert doc["meta"]["machine"]["tcp_congestion_control"] == congestion
+    assert f"provider {PROVIDER} (TCP congestion control {congestion})" in report["stdout"]
     try:
         import matplotlib  # noqa: F401
     except ImportError:

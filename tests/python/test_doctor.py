@@ -623,6 +623,22 @@ def test_check_engine_access_not_enforced():
     assert doctor.check_engine(sel(enforces_access=True, mr_cache=False, deregistration_revokes_keys=True), True, {}) == []
 
 
+def test_tcp_congestion_bbr():
+    (f,) = doctor.check_tcp_congestion("bbr\n", "pfifo_fast", "tcp;ofi_rxm")
+    assert (f.severity, f.code) == (WARNING, "tcp-congestion-bbr")
+    assert "tcp;ofi_rxm connections" in f.message and "unless the interface's qdisc is fq" in f.message
+    assert "pfifo_fast" in f.message
+    assert "net.ipv4.tcp_congestion_control=cubic" in f.fix and "congctl cubic" in f.fix
+    (f,) = doctor.check_tcp_congestion("bbr", "fq", "sockets")
+    assert f.severity == WARNING and "by the fq qdisc" in f.message
+    (f,) = doctor.check_tcp_congestion("bbr", "fq_codel", "verbs;ofi_rxm")     # RDMA here; a TCP peer still
+    assert (f.severity, f.code) == (INFO, "tcp-congestion-bbr") and "any peer" in f.message
+    (f,) = doctor.check_tcp_congestion("bbr", None, None)                        # engine unknown, /proc unreadable
+    assert f.severity == INFO and "unknown" in f.message
+    assert doctor.check_tcp_congestion("cubic", "pfifo_fast", "tcp;ofi_rxm") == []
+    assert doctor.check_tcp_congestion(None, None, "tcp;ofi_rxm") == []
+
+
 def test_agent_fabric_env_turns_the_mr_cache_off_unless_the_user_chose():
     # Off through the monitors, never FI_MR_CACHE_MAX_COUNT=0 (which also stops shm's CUDA IPC cache).
     assert doctor.agent_fabric_env({"A": "1"}) == {"A": "1", "FI_MR_CACHE_MONITOR": "disabled",
@@ -672,6 +688,9 @@ def test_real_run_on_this_host_json():
     else:
         assert "no-fi-info" in [f["code"] for f in r["findings"]]
     assert r["engine_selection"]["available"] in (True, False)
+    cc_file = Path(doctor.PROC_SYS) / doctor.TCP_CONGESTION
+    cc = cc_file.read_text().strip() if cc_file.exists() else None
+    assert ("tcp-congestion-bbr" in [f["code"] for f in r["findings"]]) == (cc == "bbr")
 
 
 def test_real_run_on_this_host_text():
@@ -719,7 +738,11 @@ esac
         _exe(bindir / "rayfabric-fabric-info", f"cat {tmp_path}/sel.json\n")
     env = {k: v for k, v in os.environ.items() if k not in doctor.ENGINE_SETTINGS}
     env.update(RAYFABRIC_BIN_DIR=str(bindir), FI_UNIVERSE_SIZE="64", RAYFABRIC_CHUNK_SIZE="256K")
-    args = ["--json", "--sysfs", str(root), "--dev-dir", str(dev), "--fi-info", str(fi), "--store-bytes", "1M"]
+    proc_sys = tmp_path / "proc-sys"        # the guest's kernel: cubic, as Debian ships it
+    (proc_sys / "net" / "ipv4").mkdir(parents=True)
+    (proc_sys / "net" / "ipv4" / "tcp_congestion_control").write_text("cubic\n")
+    args = ["--json", "--sysfs", str(root), "--dev-dir", str(dev), "--proc-sys", str(proc_sys), "--fi-info", str(fi),
+            "--store-bytes", "1M"]
     return args, env
 
 
