@@ -781,9 +781,11 @@ def object_label(row):
 
 def format_table(rows, ceilings, congestion=None):
     out = []
+    if congestion:  # it paces both paths wherever they ride kernel TCP (docs/benchmarks.md)
+        out.append(f"TCP congestion control on this host: {congestion}")
     for provider in dict.fromkeys(r["provider"] for r in rows):
         c = ceilings.get(provider) or {}
-        head = f"provider {provider}" + (f" (TCP congestion control {congestion})" if congestion else "")
+        head = f"provider {provider}"
         if "tcp_stream_gbps" in c:
             head += (f"; ceilings this run: raw fi_read (rayfabric-bench, per size), TCP stream "
                      f"{c['tcp_stream_gbps']:.2f} GB/s, memcpy {c['memcpy_gbps']:.2f} GB/s")
@@ -1072,7 +1074,9 @@ def report(a):
             part = json.load(f)
         doc["meta"]["parts"].append({"file": path, **{k: part["meta"].get(k) for k in
                                                       ("command", "started", "load_before", "load_after", "wall_s",
-                                                       "own_locations", "pull_socket")}})
+                                                       "own_locations", "pull_socket")},
+                                     "tcp_congestion_control": (part["meta"].get("machine") or {}).get(
+                                         "tcp_congestion_control")})
         doc["meta"].setdefault("machine", part["meta"].get("machine"))
         doc["meta"].setdefault("cluster", part["meta"].get("cluster"))
         for p, c in part.get("ceilings", {}).items():
@@ -1081,7 +1085,10 @@ def report(a):
         doc["notes"] += part.get("notes", [])
         doc["consumer_crashes"] += part.get("consumer_crashes", [])
     doc["rows"] = pair_rows(doc["results"], doc["ceilings"])
-    print(format_table(doc["rows"], doc["ceilings"], (doc["meta"].get("machine") or {}).get("tcp_congestion_control")))
+    seen = [p["tcp_congestion_control"] for p in doc["meta"]["parts"]]
+    congestion = (seen[0] if len(set(seen)) == 1 else
+                  "differs between the files: " + ", ".join(str(x or "not recorded") for x in seen))
+    print(format_table(doc["rows"], doc["ceilings"], congestion))
     if a.plots:
         for f in plots(doc, a.plots, print):
             print("plot:", f)

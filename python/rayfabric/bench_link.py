@@ -39,12 +39,17 @@ NETNS = namespace_inodes({"A": None, "B": cfg["other_ns"]})
 @ray.remote(num_cpus=0, resources={"nA": 0.01})
 def fetch(refs, how):
     import rayfabric as rf
+    from rayfabric.bench import PHASE_KEYS, _instrument  # where rayfabric.get's time goes
+    phases = _instrument()
+    for k in PHASE_KEYS:
+        phases[k] = 0.0
     before = rf.stats()["objects_pulled"] if how == "rayfabric" else 0
     t0 = time.perf_counter()
     v = ray.get(refs[0]) if how == "ray" else rf.get(refs[0], timeout=600)
     seconds = time.perf_counter() - t0
     pulled = rf.stats()["objects_pulled"] - before if how == "rayfabric" else 0
-    return seconds, hashlib.sha256(v.tobytes()).hexdigest(), pulled
+    ms = {k: round(phases[k] * 1e3, 3) for k in PHASE_KEYS} if how == "rayfabric" else {}
+    return seconds, hashlib.sha256(v.tobytes()).hexdigest(), pulled, ms
 
 rayfabric.init(node_env={by_name[k]: v for k, v in cfg["node_env"].items()}, watch_new_nodes=False)
 rows = []
@@ -56,10 +61,10 @@ for nbytes in cfg["sizes"]:
             ref = make.remote(nbytes, seed)
             want = ray.get(digest_at_source.remote([ref]))
             cpu0 = cpu_ticks(NETNS)
-            seconds, got, pulled = ray.get(fetch.remote([ref], how))
+            seconds, got, pulled, phases_ms = ray.get(fetch.remote([ref], how))
             cpu = sum(cpu_seconds_between(cpu0, cpu_ticks(NETNS)).values())
             rows.append({"path": how, "bytes": nbytes, "rep": rep, "seconds": seconds, "cpu_s": cpu,
-                         "ok": got == want, "pulled": pulled})
+                         "ok": got == want, "pulled": pulled, "phases_ms": phases_ms})
             del ref
 rayfabric.shutdown()
 print("RESULT " + json.dumps(rows))
@@ -99,10 +104,14 @@ def raw_over_link(provider, sizes, iters):
 
 
 def congestion_in(ns):
-    """The namespace's TCP congestion control (a new namespace starts with the host's): it paces
-    Ray's connections and the tcp provider's alike (docs/benchmarks.md, "TCP congestion control")."""
-    p = subprocess.run(["ip", "netns", "exec", ns, "cat", "/proc/sys/net/ipv4/tcp_congestion_control"],
-                       capture_output=True, text=True, timeout=30)
+    """The namespace's TCP congestion control (a new namespace starts with the initial namespace's):
+    it paces Ray's connections and the tcp provider's alike (docs/benchmarks.md, "TCP congestion
+    control"). None when it cannot be read."""
+    try:
+        p = subprocess.run(["ip", "netns", "exec", ns, "cat", "/proc/sys/net/ipv4/tcp_congestion_control"],
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
     return p.stdout.strip() or None
 
 
@@ -119,6 +128,12 @@ def summarize(rate, nbytes, rows, raw):
     out["raw_tcp_fraction"] = raw["tcp_gbytes"] * 8e9 / link if raw.get("tcp_gbytes") else None
     out["rf_vs_ray"] = out["ray"]["seconds"] / out["rayfabric"]["seconds"]
     out["rf_vs_raw_read"] = out["rayfabric"]["link_fraction"] / out["raw_read_fraction"] if read else None
+    rf_timed = [r["phases_ms"] for r in rows if r["path"] == "rayfabric" and r["bytes"] == nbytes and r["rep"] > 0
+                and r.get("phases_ms")]
+    out["rayfabric"]["phases_ms"] = ({k: round(statistics.median(p[k] for p in rf_timed), 3) for k in rf_timed[0]}
+                                     if rf_timed else {})
+    # The raw read's time for one object of this size over the same link, beside the agent's read.
+    out["raw_read_ms"] = nbytes / read / 1e6 if read else None
     return out
 
 
@@ -137,6 +152,21 @@ def print_table(summaries):
               f"{s['rayfabric']['cpu_s_per_gb']:12.2f}")
     print("(fractions of the link rate; rf/raw read: rayfabric's throughput over the raw fi_read's "
           "on the same link)")
+    steps = ("locations", "pull_rpc", "agent_lease", "agent_create", "agent_prepare", "agent_post", "agent_wait",
+             "agent_seal", "agent_total", "local_get")
+    if not any(s["rayfabric"].get("phases_ms") for s in summaries):
+        return
+    print(f"\nwhere rayfabric.get's time goes, ms, median of the repetitions (Pull = the RPC to the local agent; "
+          f"lease..seal = the agent's steps in it; raw = one raw fi_read of the size at the raw read's rate)")
+    label = {"locations": "locate", "pull_rpc": "Pull", "local_get": "ray.get"}
+    print(f"{'link':>8s} {'size':>6s} {'get':>8s} " + " ".join(f"{label.get(x, x.replace('agent_', '')):>8s}"
+                                                                 for x in steps)
+          + f" {'raw':>8s}")
+    for s in summaries:
+        ph = s["rayfabric"].get("phases_ms") or {}
+        raw = f"{s['raw_read_ms']:8.1f}" if s.get("raw_read_ms") else f"{'-':>8s}"
+        print(f"{s['link']:>8s} {s['bytes'] // MiB:5d}M {s['rayfabric']['seconds'] * 1e3:8.1f} "
+              + " ".join(f"{ph.get(x, 0.0):8.1f}" for x in steps) + f" {raw}")
 
 
 def main(argv=None):

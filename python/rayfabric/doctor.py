@@ -777,13 +777,15 @@ def check_control_plane(env: Mapping[str, str]) -> list[Finding]:
 PROC_SYS = "/proc/sys"
 TCP_CONGESTION = "net/ipv4/tcp_congestion_control"   # under PROC_SYS
 DEFAULT_QDISC = "net/core/default_qdisc"
-TCP_CARRIED = ("tcp", "sockets")   # core providers whose bytes travel on kernel TCP connections
+TCP_CARRIED = ("tcp", "net", "sockets")   # core providers whose bytes travel on kernel TCP connections
 
 
 def check_tcp_congestion(congestion: str | None, default_qdisc: str | None, provider: str | None) -> list[Finding]:
-    """BBR paces every TCP connection's sends (in the kernel's TCP itself where the interface's
-    qdisc is not fq). Measured on the development VM over loopback, tcp;ofi_rxm (docs/benchmarks.md,
-    "TCP congestion control"): bursts held back after idle and a third less throughput than cubic.
+    """BBR paces every TCP connection's sends, inside TCP itself where the interface has no fq
+    qdisc (loopback never has one). Measured on the development VM over loopback, tcp;ofi_rxm
+    (docs/benchmarks.md, "TCP congestion control"): 1 MiB reads held back after idle, large reads
+    a third slower than with cubic. Only the host's default is read: a route's own `congctl` is
+    not (the message says so).
 
     provider: the engine's chosen provider ("tcp;ofi_rxm"), None when unknown. A warning when the
     node's objects travel on TCP, a note otherwise (a peer without this node's RDMA fabric still
@@ -793,21 +795,23 @@ def check_tcp_congestion(congestion: str | None, default_qdisc: str | None, prov
         return []
     core = (provider or "").split(";")[0]
     on_tcp = core in TCP_CARRIED
-    qdisc = (default_qdisc or "").strip()
-    where = ("paced (by the fq qdisc, the default one here)" if qdisc == "fq" else
-             f"paced (by TCP itself unless the interface's qdisc is fq; net.core.default_qdisc is "
-             f"{qdisc or 'unknown'})")
-    msg = (f"TCP congestion control is bbr (net.ipv4.tcp_congestion_control): every TCP connection's sends are {where}, "
-           + (f"the engine's {provider} connections included" if on_tcp else
-              "those of any peer this node reaches over a TCP provider included")
-           + "; measured over loopback on a 2-vCPU VM (tcp;ofi_rxm, rayfabric-bench): 256 MiB reads at "
-           "3.4-3.9 GB/s against 5.3-5.5 with cubic, and 1 MiB reads after 10 ms of idle held back "
-           "10-30 ms, 3-11 in 1,000 (none with cubic)")
-    fix = ("`sysctl -w net.ipv4.tcp_congestion_control=cubic`, or for the fabric's routes only "
-           "`ip route change ROUTE congctl cubic` (nodes of one host: the `local ADDR` route in "
-           "`ip route show table local`); either applies to connections made afterwards (restart "
-           "the agents); compare with `rayfabric-bench --op read --gap-us 10000` before and after "
-           "(Ray's own object transfer rides TCP too)")
+    qdisc = (default_qdisc or "").strip() or "unknown"
+    whose = (f"the engine's {provider} connections included" if on_tcp else
+             "those of any peer this node reaches over a TCP provider included" if provider else
+             "the engine's provider is unknown here; TCP providers' connections included")
+    msg = (f"TCP congestion control is bbr (net.ipv4.tcp_congestion_control, the host's default; a route's "
+           f"own congctl is not checked): every TCP connection's sends are paced, by TCP itself where the "
+           f"interface has no fq qdisc (loopback never has one; net.core.default_qdisc is {qdisc}), {whose}; "
+           "measured over loopback on a 2-vCPU VM (tcp;ofi_rxm, rayfabric-bench): 256 MiB reads at "
+           "3.4-3.9 GB/s against 5.3-5.5 with cubic, and of 1,000 1 MiB reads after 10 ms of idle 3-11 "
+           "took over 5x the median (up to 10-30 ms; none with cubic)")
+    fix = ("on every node (an fi_read's bytes are sent by the source node): `ip route change ROUTE congctl "
+           "cubic` for the fabric's routes only (nodes of one host: the `local ADDR` route in `ip route show "
+           "table local`; the kernel recreates that route, without congctl, when the address is added again), "
+           "or `sysctl -w net.ipv4.tcp_congestion_control=cubic` for every TCP flow of the host (a file in "
+           "/etc/sysctl.d/ keeps it across reboots); either applies to connections made afterwards (restart "
+           "the agents); compare with `rayfabric-bench --op read --gap-us 10000` before and after (Ray's "
+           "own object transfer rides TCP too)")
     return [Finding(WARNING if on_tcp else INFO, "tcp-congestion-bbr", msg, fix)]
 
 

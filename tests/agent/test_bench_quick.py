@@ -60,10 +60,11 @@ def test_ceiling_table_and_plots(report):
         assert r["ceiling_gbps"] > 0 and r["fraction_of_ceiling"] > 0, r
     assert f"provider {PROVIDER}" in report["stdout"] and "rf/Ray" in report["stdout"]
     # the host's TCP congestion control, which moves both paths on TCP (docs/benchmarks.md)
-    with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
-        congestion = f.read().strip()
+    cc_file = "/proc/sys/net/ipv4/tcp_congestion_control"
+    congestion = open(cc_file).read().strip() if os.path.exists(cc_file) else None
     assert doc["meta"]["machine"]["tcp_congestion_control"] == congestion
-    assert f"provider {PROVIDER} (TCP congestion control {congestion})" in report["stdout"]
+    if congestion:
+        assert f"TCP congestion control on this host: {congestion}" in report["stdout"]
     try:
         import matplotlib  # noqa: F401
     except ImportError:

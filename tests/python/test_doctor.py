@@ -626,15 +626,17 @@ def test_check_engine_access_not_enforced():
 def test_tcp_congestion_bbr():
     (f,) = doctor.check_tcp_congestion("bbr\n", "pfifo_fast", "tcp;ofi_rxm")
     assert (f.severity, f.code) == (WARNING, "tcp-congestion-bbr")
-    assert "tcp;ofi_rxm connections" in f.message and "unless the interface's qdisc is fq" in f.message
-    assert "pfifo_fast" in f.message
-    assert "net.ipv4.tcp_congestion_control=cubic" in f.fix and "congctl cubic" in f.fix
-    (f,) = doctor.check_tcp_congestion("bbr", "fq", "sockets")
-    assert f.severity == WARNING and "by the fq qdisc" in f.message
-    (f,) = doctor.check_tcp_congestion("bbr", "fq_codel", "verbs;ofi_rxm")     # RDMA here; a TCP peer still
+    assert "tcp;ofi_rxm connections" in f.message and "no fq qdisc" in f.message and "pfifo_fast" in f.message
+    assert "congctl is not checked" in f.message and "over 5x the median" in f.message
+    assert "congctl cubic" in f.fix and "net.ipv4.tcp_congestion_control=cubic" in f.fix
+    assert "on every node" in f.fix and "/etc/sysctl.d/" in f.fix
+    for core in ("sockets", "net;ofi_rxm"):                                 # every provider on kernel TCP
+        (f,) = doctor.check_tcp_congestion("bbr", "fq", core)
+        assert f.severity == WARNING and "default_qdisc is fq" in f.message
+    (f,) = doctor.check_tcp_congestion("bbr", "fq_codel", "verbs;ofi_rxm")  # RDMA here; a TCP peer still
     assert (f.severity, f.code) == (INFO, "tcp-congestion-bbr") and "any peer" in f.message
-    (f,) = doctor.check_tcp_congestion("bbr", None, None)                        # engine unknown, /proc unreadable
-    assert f.severity == INFO and "unknown" in f.message
+    (f,) = doctor.check_tcp_congestion("bbr", None, None)                   # engine unknown, /proc unreadable
+    assert f.severity == INFO and "provider is unknown" in f.message and "default_qdisc is unknown" in f.message
     assert doctor.check_tcp_congestion("cubic", "pfifo_fast", "tcp;ofi_rxm") == []
     assert doctor.check_tcp_congestion(None, None, "tcp;ofi_rxm") == []
 
@@ -771,6 +773,15 @@ def test_guest_like_node_where_the_engine_picks_tcp(tmp_path):
     assert p.returncode == 1 and not r["rdma_usable"]
     assert [f["code"] for f in r["findings"]] == ["engine-not-rdma", "control-plane-open"]
     assert r["verdict"] == "RDMA NOT usable on this node: rayfabric would use tcp;ofi_rxm on eth0 (not RDMA) (or Ray's own path)"
+    # The same node with its kernel at bbr: the engine's tcp connections are paced (read via --proc-sys).
+    (tmp_path / "proc-sys" / "net" / "ipv4" / "tcp_congestion_control").write_text("bbr\n")
+    (tmp_path / "proc-sys" / "net" / "core").mkdir()
+    (tmp_path / "proc-sys" / "net" / "core" / "default_qdisc").write_text("pfifo_fast\n")
+    p = subprocess.run([sys.executable, str(DOCTOR), *args], capture_output=True, text=True, timeout=120, env=env)
+    r = json.loads(p.stdout)
+    assert [f["code"] for f in r["findings"]] == ["engine-not-rdma", "control-plane-open", "tcp-congestion-bbr"]
+    (f,) = [f for f in r["findings"] if f["code"] == "tcp-congestion-bbr"]
+    assert f["severity"] == WARNING and "tcp;ofi_rxm connections" in f["message"] and "pfifo_fast" in f["message"]
 
 
 def test_guest_like_node_without_the_engine_tool(tmp_path):
