@@ -1,6 +1,7 @@
 """rayfabric bench --link: Ray and rayfabric on a wire that is the bottleneck, next to raw ceilings.
 
-  python3 -m rayfabric bench --link 2gbit,10gbit,25gbit [--sizes 64M,512M] [--reps 3] [--quick] [--json F]
+  python3 -m rayfabric bench --link 2gbit,10gbit,25gbit [--sizes 64M,512M] [--reps 3] [--congestion cubic]
+                             [--quick] [--json F]
 
 Two Ray nodes, each started with `ray start` in its own network namespace (rayfabric.netns), joined
 by one veth pair shaped with tc to each rate in turn (both directions). Per rate, over that link:
@@ -12,8 +13,11 @@ by one veth pair shaped with tc to each rate in turn (both directions). Per rate
 The two Ray paths alternate rep by rep, on fresh objects (the first rep of each size warms up and
 is not counted); every object's sha256 is checked against one computed on node B. Reported per
 rate and size: each path's median throughput as a fraction of the link rate, rayfabric against
-Ray and against the raw read, and CPU seconds per GB moved (user+sys of every process in both
-namespaces: raylets, workers, agents, the driver). The link rate is what tc lets through,
+Ray and against the raw read, CPU seconds per GB moved (user+sys of every process in both
+namespaces: raylets, workers, agents, the driver), and where rayfabric.get's time went (its
+phases, as `rayfabric bench` prints them) beside one raw read of the size. Both paths ride TCP:
+the namespaces' TCP congestion control (printed; --congestion sets it before Ray starts, else a
+new namespace's default, the host's) paces them (docs/benchmarks.md, "TCP congestion control"). The link rate is what tc lets through,
 Ethernet headers included, so a full link carries about 96% of it as payload (MTU 1500).
 Needs root and `ip netns` (exit 77 otherwise). No delay is added (this kernel has no sch_netem);
 the namespaces' veth adds microseconds. --quick: 2gbit, 64 MiB, one rep (the CI form). Exit 1 if
@@ -115,6 +119,15 @@ def congestion_in(ns):
     return p.stdout.strip() or None
 
 
+def available_congestion():
+    """The congestion controls this kernel offers (None: unreadable)."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+            return f.read().split()
+    except OSError:
+        return None
+
+
 def summarize(rate, nbytes, rows, raw):
     link = netns.rate_bits(rate)
     out = {"link": rate, "bytes": nbytes}
@@ -176,6 +189,9 @@ def main(argv=None):
     p.add_argument("--sizes", default="64M,512M", help="object sizes, comma list (default 64M,512M)")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions per size and path (+1 warm-up)")
     p.add_argument("--provider", default="tcp;ofi_rxm", help="libfabric provider of agents and raw read")
+    p.add_argument("--congestion", help="TCP congestion control of the two namespaces, set before Ray starts "
+                   "(e.g. cubic, bbr; one of /proc/sys/net/ipv4/tcp_available_congestion_control); default: "
+                   "what a new namespace gets, the host's")
     p.add_argument("--quick", action="store_true", help="2gbit, 64 MiB, one repetition")
     p.add_argument("--json", help="write every row and summary here")
     a = p.parse_args(argv)
@@ -184,7 +200,15 @@ def main(argv=None):
     rates = [r.strip() for r in a.link.split(",") if r.strip()]
     sizes = [parse_size(s) for s in a.sizes.split(",") if s.strip()]
     for r in rates:
-        netns.rate_bits(r)  # a clear error for a bad rate before anything starts
+        try:
+            netns.rate_bits(r)  # a clear error for a bad rate before anything starts
+        except ValueError as e:
+            p.error(f"--link: {e}")
+    if a.congestion:
+        offered = available_congestion()
+        if offered is not None and a.congestion not in offered:
+            p.error(f"--congestion {a.congestion}: this kernel offers {', '.join(offered) or 'none'} "
+                    "(/proc/sys/net/ipv4/tcp_available_congestion_control; `modprobe tcp_<name>` adds one)")
     why = netns.NetnsPair.available()
     if why:
         print(f"rayfabric bench --link: cannot run here: {why}")
@@ -194,7 +218,7 @@ def main(argv=None):
            "node_env": {"nA": {"RAYFABRIC_DOMAIN": dev_a, "RAYFABRIC_PROVIDER": a.provider},
                         "nB": {"RAYFABRIC_DOMAIN": dev_b, "RAYFABRIC_PROVIDER": a.provider}}}
     extra = {k: os.environ[k] for k in ("PYTHONPATH", "RAYFABRIC_BIN_DIR") if k in os.environ}
-    pair = netns.NetnsPair(links=1, store_bytes=max(300 * MiB, 4 * max(sizes)))
+    pair = netns.NetnsPair(links=1, store_bytes=max(300 * MiB, 4 * max(sizes)), congestion=a.congestion)
     print(f"rayfabric bench --link: 2 nodes in network namespaces, one link shaped to {', '.join(rates)} in turn; "
           f"objects of {', '.join(f'{s // MiB} MiB' for s in sizes)}; {a.reps} repetitions (+1 warm-up); "
           f"{a.provider}", flush=True)
@@ -202,7 +226,11 @@ def main(argv=None):
     try:
         pair.start()
         congestion = congestion_in(netns.NAMESPACES[0])
-        print(f"  TCP congestion control in the namespaces: {congestion}", flush=True)
+        print(f"  TCP congestion control in the namespaces: {congestion}"
+              + ("" if a.congestion else " (the host's)"), flush=True)
+        if a.congestion and congestion != a.congestion:
+            raise SystemExit(f"rayfabric bench --link: asked for --congestion {a.congestion}, "
+                             f"the namespaces have {congestion}")
         for rate in rates:
             pair.shape(rate)
             t0 = time.monotonic()

@@ -166,11 +166,12 @@ class NetnsPair(_RayNodes):
 
     head_ns = NAMESPACES[0]
 
-    def __init__(self, links=2, store_bytes=300 * MiB):
+    def __init__(self, links=2, store_bytes=300 * MiB, congestion=None):
         if not 1 <= links <= len(LINKS):
             raise ValueError(f"links must be 1..{len(LINKS)}")
         self.links = LINKS[:links]
         self.store_bytes = store_bytes
+        self.congestion = congestion  # TCP congestion control of both namespaces (None: the host's)
         self.env = None
         self.address = f"{LINKS[0][2]}:6379"
 
@@ -183,6 +184,8 @@ class NetnsPair(_RayNodes):
         teardown()
         for ns in NAMESPACES:
             sh("ip", "netns", "add", ns)
+            if self.congestion:  # before any connection is made: each keeps what it started with
+                in_ns(ns, "sysctl", "-q", "-w", f"net.ipv4.tcp_congestion_control={self.congestion}")
         for dev_a, dev_b, ip_a, ip_b in self.links:
             sh("ip", "link", "add", dev_a, "type", "veth", "peer", "name", dev_b)
             sh("ip", "link", "set", dev_a, "netns", NAMESPACES[0])
