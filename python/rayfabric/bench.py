@@ -779,10 +779,10 @@ def object_label(row):
     return f"{row['kind']} {n}"
 
 
-def format_table(rows, ceilings, congestion=None):
+def format_table(rows, ceilings, congestion=None, where="on this host"):
     out = []
     if congestion:  # it paces both paths wherever they ride kernel TCP (docs/benchmarks.md)
-        out.append(f"TCP congestion control on this host: {congestion}")
+        out.append(f"TCP congestion control {where}: {congestion}")
     for provider in dict.fromkeys(r["provider"] for r in rows):
         c = ceilings.get(provider) or {}
         head = f"provider {provider}"
@@ -1065,6 +1065,18 @@ def resolve(a):
     return a
 
 
+def recorded_congestion(meta):
+    """The TCP congestion control each run behind a JSON recorded (None: not recorded); for a
+    --report's JSON, its parts' in order."""
+    if meta.get("parts"):
+        out = []
+        for part in meta["parts"]:
+            value = part.get("tcp_congestion_control")
+            out += value if isinstance(value, list) else [value]
+        return out
+    return [(meta.get("machine") or {}).get("tcp_congestion_control")]
+
+
 def report(a):
     """--report: the table, JSON and plots again from earlier --json files (merged in order)."""
     doc = {"meta": {"command": "rayfabric bench --report " + " ".join(a.report), "parts": []},
@@ -1075,8 +1087,7 @@ def report(a):
         doc["meta"]["parts"].append({"file": path, **{k: part["meta"].get(k) for k in
                                                       ("command", "started", "load_before", "load_after", "wall_s",
                                                        "own_locations", "pull_socket")},
-                                     "tcp_congestion_control": (part["meta"].get("machine") or {}).get(
-                                         "tcp_congestion_control")})
+                                     "tcp_congestion_control": recorded_congestion(part["meta"])})
         doc["meta"].setdefault("machine", part["meta"].get("machine"))
         doc["meta"].setdefault("cluster", part["meta"].get("cluster"))
         for p, c in part.get("ceilings", {}).items():
@@ -1085,10 +1096,12 @@ def report(a):
         doc["notes"] += part.get("notes", [])
         doc["consumer_crashes"] += part.get("consumer_crashes", [])
     doc["rows"] = pair_rows(doc["results"], doc["ceilings"])
-    seen = [p["tcp_congestion_control"] for p in doc["meta"]["parts"]]
+    seen = [x for p in doc["meta"]["parts"] for x in p["tcp_congestion_control"]]
     congestion = (seen[0] if len(set(seen)) == 1 else
                   "differs between the files: " + ", ".join(str(x or "not recorded") for x in seen))
-    print(format_table(doc["rows"], doc["ceilings"], congestion))
+    if doc["meta"].get("machine"):
+        doc["meta"]["machine"] = dict(doc["meta"]["machine"], tcp_congestion_control=congestion)
+    print(format_table(doc["rows"], doc["ceilings"], congestion, where="recorded in the runs"))
     if a.plots:
         for f in plots(doc, a.plots, print):
             print("plot:", f)

@@ -17,11 +17,14 @@ Ray and against the raw read, CPU seconds per GB moved (user+sys of every proces
 namespaces: raylets, workers, agents, the driver), and where rayfabric.get's time went (its
 phases, as `rayfabric bench` prints them) beside one raw read of the size. Both paths ride TCP:
 the namespaces' TCP congestion control (printed; --congestion sets it before Ray starts, else a
-new namespace's default, the host's) paces them (docs/benchmarks.md, "TCP congestion control"). The link rate is what tc lets through,
-Ethernet headers included, so a full link carries about 96% of it as payload (MTU 1500).
+new namespace's default, the initial namespace's) paces them (docs/benchmarks.md, "TCP congestion
+control"). The link rate is what tc lets through, Ethernet headers included, so a full link
+carries about 96% of it as payload (MTU 1500).
 Needs root and `ip netns` (exit 77 otherwise). No delay is added (this kernel has no sch_netem);
 the namespaces' veth adds microseconds. --quick: 2gbit, 64 MiB, one rep (the CI form). Exit 1 if
-any byte differs, a rayfabric get did not move its object by the fabric, or a raw ceiling failed."""
+any byte differs, a rayfabric get did not move its object by the fabric, a raw ceiling failed, the
+nodes could not be started or the namespaces do not have the asked --congestion; exit 2 for a bad
+argument (a congestion control the namespaces may not choose, with the kernel's lists)."""
 import argparse
 import json
 import os
@@ -119,13 +122,30 @@ def congestion_in(ns):
     return p.stdout.strip() or None
 
 
-def available_congestion():
-    """The congestion controls this kernel offers (None: unreadable)."""
+def congestion_list(kind):
+    """/proc/sys/net/ipv4/tcp_{kind}_congestion_control as a list (None: unreadable)."""
     try:
-        with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+        with open(f"/proc/sys/net/ipv4/tcp_{kind}_congestion_control") as f:
             return f.read().split()
     except OSError:
         return None
+
+
+def congestion_refusal(name):
+    """Why the namespaces cannot be given congestion control `name`, or None. A namespace other
+    than the initial one may only choose what tcp_allowed_congestion_control lists."""
+    available, allowed = congestion_list("available"), congestion_list("allowed")
+    if available is None or allowed is None:
+        return ("cannot read /proc/sys/net/ipv4/tcp_available_congestion_control and "
+                "tcp_allowed_congestion_control here (a kernel before 4.15 has no per-namespace setting)")
+    if name not in available:
+        return (f"this kernel offers {', '.join(available) or 'none'} (tcp_available_congestion_control; "
+                f"`modprobe tcp_{name}` loads a module of that name, then allow it as below)")
+    if name not in allowed:
+        return (f"network namespaces may choose only from {', '.join(allowed) or 'none'} "
+                f"(tcp_allowed_congestion_control; `sysctl -w net.ipv4.tcp_allowed_congestion_control="
+                f"\"{' '.join(allowed + [name])}\"` allows it)")
+    return None
 
 
 def summarize(rate, nbytes, rows, raw):
@@ -165,13 +185,15 @@ def print_table(summaries):
               f"{s['rayfabric']['cpu_s_per_gb']:12.2f}")
     print("(fractions of the link rate; rf/raw read: rayfabric's throughput over the raw fi_read's "
           "on the same link)")
-    steps = ("locations", "pull_rpc", "agent_lease", "agent_create", "agent_prepare", "agent_post", "agent_wait",
-             "agent_seal", "agent_total", "local_get")
+    steps = ("wait", "locations", "pull_rpc", "agent_lease", "agent_create", "agent_prepare", "agent_post",
+             "agent_wait", "agent_seal", "agent_total", "local_get")
     if not any(s["rayfabric"].get("phases_ms") for s in summaries):
         return
-    print(f"\nwhere rayfabric.get's time goes, ms, median of the repetitions (Pull = the RPC to the local agent; "
-          f"lease..seal = the agent's steps in it; raw = one raw fi_read of the size at the raw read's rate)")
-    label = {"locations": "locate", "pull_rpc": "Pull", "local_get": "ray.get"}
+    print("\nwhere rayfabric.get's time goes, ms, each column the median of the repetitions (exists = waiting for "
+          "the object to exist; Pull = the RPC to the local agent, lease..total = the agent's steps inside it, read = "
+          "its wait for the fi_read; raw = one raw fi_read of the size at the raw read's rate)")
+    label = {"wait": "exists", "locations": "locate", "pull_rpc": "Pull", "agent_wait": "read",
+             "local_get": "ray.get"}
     print(f"{'link':>8s} {'size':>6s} {'get':>8s} " + " ".join(f"{label.get(x, x.replace('agent_', '')):>8s}"
                                                                  for x in steps)
           + f" {'raw':>8s}")
@@ -179,7 +201,7 @@ def print_table(summaries):
         ph = s["rayfabric"].get("phases_ms") or {}
         raw = f"{s['raw_read_ms']:8.1f}" if s.get("raw_read_ms") else f"{'-':>8s}"
         print(f"{s['link']:>8s} {s['bytes'] // MiB:5d}M {s['rayfabric']['seconds'] * 1e3:8.1f} "
-              + " ".join(f"{ph.get(x, 0.0):8.1f}" for x in steps) + f" {raw}")
+              + " ".join(f"{ph[x]:8.1f}" if x in ph else f"{'-':>8s}" for x in steps) + f" {raw}")
 
 
 def main(argv=None):
@@ -190,29 +212,38 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=3, help="timed repetitions per size and path (+1 warm-up)")
     p.add_argument("--provider", default="tcp;ofi_rxm", help="libfabric provider of agents and raw read")
     p.add_argument("--congestion", help="TCP congestion control of the two namespaces, set before Ray starts "
-                   "(e.g. cubic, bbr; one of /proc/sys/net/ipv4/tcp_available_congestion_control); default: "
-                   "what a new namespace gets, the host's")
+                   "(e.g. cubic, bbr; one of /proc/sys/net/ipv4/tcp_allowed_congestion_control); default: "
+                   "what a new namespace gets, the initial namespace's")
     p.add_argument("--quick", action="store_true", help="2gbit, 64 MiB, one repetition")
     p.add_argument("--json", help="write every row and summary here")
     a = p.parse_args(argv)
     if a.quick:
         a.link, a.sizes, a.reps = "2gbit", "64M", 1
+    # Every bad argument is refused before any namespace or Ray node is made.
     rates = [r.strip() for r in a.link.split(",") if r.strip()]
-    sizes = [parse_size(s) for s in a.sizes.split(",") if s.strip()]
+    if not rates:
+        p.error("--link: no rate given (e.g. 2gbit,10gbit)")
     for r in rates:
         try:
-            netns.rate_bits(r)  # a clear error for a bad rate before anything starts
+            netns.rate_bits(r)
         except ValueError as e:
             p.error(f"--link: {e}")
-    if a.congestion:
-        offered = available_congestion()
-        if offered is not None and a.congestion not in offered:
-            p.error(f"--congestion {a.congestion}: this kernel offers {', '.join(offered) or 'none'} "
-                    "(/proc/sys/net/ipv4/tcp_available_congestion_control; `modprobe tcp_<name>` adds one)")
+    try:
+        sizes = [parse_size(s) for s in a.sizes.split(",") if s.strip()]
+    except ValueError:
+        p.error(f"--sizes {a.sizes!r}: use sizes such as 64M,512M")
+    if not sizes or min(sizes) <= 0:
+        p.error(f"--sizes {a.sizes!r}: give at least one size above zero (e.g. 64M,512M)")
+    if a.reps < 1:
+        p.error("--reps: at least 1")
     why = netns.NetnsPair.available()
     if why:
         print(f"rayfabric bench --link: cannot run here: {why}")
         return 77  # "skipped" to meson
+    if a.congestion:
+        why_not = congestion_refusal(a.congestion)
+        if why_not:
+            p.error(f"--congestion {a.congestion}: {why_not}")
     dev_a, dev_b = netns.LINKS[0][:2]
     cfg = {"sizes": sizes, "reps": a.reps, "other_ns": netns.NAMESPACES[1],
            "node_env": {"nA": {"RAYFABRIC_DOMAIN": dev_a, "RAYFABRIC_PROVIDER": a.provider},
@@ -224,13 +255,19 @@ def main(argv=None):
           f"{a.provider}", flush=True)
     results, summaries, congestion = [], [], None
     try:
-        pair.start()
-        congestion = congestion_in(netns.NAMESPACES[0])
-        print(f"  TCP congestion control in the namespaces: {congestion}"
-              + ("" if a.congestion else " (the host's)"), flush=True)
-        if a.congestion and congestion != a.congestion:
-            raise SystemExit(f"rayfabric bench --link: asked for --congestion {a.congestion}, "
-                             f"the namespaces have {congestion}")
+        try:
+            pair.start()
+        except RuntimeError as e:  # a command that set up the namespaces or Ray in them failed
+            raise SystemExit(f"rayfabric bench --link: could not start the two nodes: {e}") from e
+        # The source's side (B) sends the bytes, so its setting paces them; both are read.
+        seen = {ns: congestion_in(ns) for ns in (netns.NAMESPACES[1], netns.NAMESPACES[0])}
+        congestion = seen[netns.NAMESPACES[1]] if len(set(seen.values())) == 1 else (
+            ", ".join(f"{ns}: {v or 'unreadable'}" for ns, v in seen.items()))
+        print(f"  TCP congestion control in the namespaces: {congestion or 'unreadable'}"
+              + ("" if a.congestion else " (a new namespace's default: the initial namespace's)"), flush=True)
+        if a.congestion and set(seen.values()) != {a.congestion}:
+            raise SystemExit(f"rayfabric bench --link: asked for --congestion {a.congestion}, the namespaces have "
+                             f"{congestion or 'a setting that could not be read'}")
         for rate in rates:
             pair.shape(rate)
             t0 = time.monotonic()

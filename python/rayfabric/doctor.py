@@ -777,7 +777,7 @@ def check_control_plane(env: Mapping[str, str]) -> list[Finding]:
 PROC_SYS = "/proc/sys"
 TCP_CONGESTION = "net/ipv4/tcp_congestion_control"   # under PROC_SYS
 DEFAULT_QDISC = "net/core/default_qdisc"
-TCP_CARRIED = ("tcp", "net", "sockets")   # core providers whose bytes travel on kernel TCP connections
+TCP_CARRIED = ("tcp", "net", "xnet", "sockets")  # core providers on kernel TCP (net was xnet in 1.16-1.17)
 
 
 def check_tcp_congestion(congestion: str | None, default_qdisc: str | None, provider: str | None) -> list[Finding]:
@@ -791,7 +791,8 @@ def check_tcp_congestion(congestion: str | None, default_qdisc: str | None, prov
     node's objects travel on TCP, a note otherwise (a peer without this node's RDMA fabric still
     pairs with it over TCP).
     """
-    if (congestion or "").strip() != "bbr":
+    congestion = (congestion or "").strip()
+    if not congestion.startswith("bbr"):  # bbr, and the bbr2/bbr3 of some kernels
         return []
     core = (provider or "").split(";")[0]
     on_tcp = core in TCP_CARRIED
@@ -799,8 +800,9 @@ def check_tcp_congestion(congestion: str | None, default_qdisc: str | None, prov
     whose = (f"the engine's {provider} connections included" if on_tcp else
              "those of any peer this node reaches over a TCP provider included" if provider else
              "the engine's provider is unknown here; TCP providers' connections included")
-    msg = (f"TCP congestion control is bbr (net.ipv4.tcp_congestion_control, the host's default; a route's "
-           f"own congctl is not checked): every TCP connection's sends are paced, by TCP itself where the "
+    msg = (f"TCP congestion control is {congestion} (net.ipv4.tcp_congestion_control: the default of the "
+           f"network namespace doctor runs in, the host's unless that is a container's; a route's own congctl "
+           f"is not checked): every TCP connection's sends are paced, by TCP itself where the "
            f"interface has no fq qdisc (loopback never has one; net.core.default_qdisc is {qdisc}), {whose}; "
            "measured over loopback on a 2-vCPU VM (tcp;ofi_rxm, rayfabric-bench): 256 MiB reads at "
            "3.4-3.9 GB/s against 5.3-5.5 with cubic, and of 1,000 1 MiB reads after 10 ms of idle 3-11 "

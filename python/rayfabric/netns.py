@@ -9,6 +9,7 @@ and iproute2; `NetnsPair.available()` says why not otherwise. Namespaces do not 
 Ray's processes are stopped by the namespaces' own PID lists, never by `ray stop`."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -185,7 +186,7 @@ class NetnsPair(_RayNodes):
         for ns in NAMESPACES:
             sh("ip", "netns", "add", ns)
             if self.congestion:  # before any connection is made: each keeps what it started with
-                in_ns(ns, "sysctl", "-q", "-w", f"net.ipv4.tcp_congestion_control={self.congestion}")
+                self._set_congestion(ns)
         for dev_a, dev_b, ip_a, ip_b in self.links:
             sh("ip", "link", "add", dev_a, "type", "veth", "peer", "name", dev_b)
             sh("ip", "link", "set", dev_a, "netns", NAMESPACES[0])
@@ -205,6 +206,16 @@ class NetnsPair(_RayNodes):
         in_ns(NAMESPACES[1], "ray", "start", "--address", self.address, "--node-ip-address", LINKS[0][3],
               "--resources", json.dumps({"nB": 10}), *common, env=self.env, timeout=180)
         return self
+
+    def _set_congestion(self, ns):
+        if not re.fullmatch(r"[a-z0-9_]+", self.congestion):
+            raise RuntimeError(f"TCP congestion control {self.congestion!r}: not a kernel module name")
+        out = in_ns(ns, "sh", "-c", f"echo {self.congestion} > /proc/sys/net/ipv4/tcp_congestion_control",
+                    check=False)
+        if out.returncode != 0:
+            raise RuntimeError(f"cannot set TCP congestion control {self.congestion} in namespace {ns}: "
+                               f"{out.stderr.strip() or out.stdout.strip()} (a namespace may choose only what "
+                               "/proc/sys/net/ipv4/tcp_allowed_congestion_control lists)")
 
     def shape(self, rate):
         """Every link limited to `rate` (tc's units, e.g. "1gbit") in both directions, or unshaped

@@ -61,7 +61,10 @@ def test_ceiling_table_and_plots(report):
     assert f"provider {PROVIDER}" in report["stdout"] and "rf/Ray" in report["stdout"]
     # the host's TCP congestion control, which moves both paths on TCP (docs/benchmarks.md)
     cc_file = "/proc/sys/net/ipv4/tcp_congestion_control"
-    congestion = open(cc_file).read().strip() if os.path.exists(cc_file) else None
+    congestion = None
+    if os.path.exists(cc_file):
+        with open(cc_file) as f:
+            congestion = f.read().strip()
     assert doc["meta"]["machine"]["tcp_congestion_control"] == congestion
     if congestion:
         assert f"TCP congestion control on this host: {congestion}" in report["stdout"]
