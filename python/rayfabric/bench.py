@@ -950,15 +950,20 @@ def plots(doc, outdir, log):
     return files
 
 
+def tcp_sysctl(name):
+    """/proc/sys/net/ipv4/<name> of this network namespace, stripped (None: unreadable)."""
+    try:
+        with open(f"/proc/sys/net/ipv4/{name}") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
 def tcp_congestion():
     """The kernel's TCP congestion control for new connections (this network namespace): Ray's
     gRPC and the tcp provider both follow it, and on this VM it moves both (docs/benchmarks.md,
     "TCP congestion control")."""
-    try:
-        with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
-            return f.read().strip()
-    except OSError:
-        return None
+    return tcp_sysctl("tcp_congestion_control")
 
 
 def machine():

@@ -35,7 +35,7 @@ import tempfile
 import time
 
 from rayfabric import bin_dir, netns
-from rayfabric.bench import parse_size
+from rayfabric.bench import parse_size, tcp_sysctl
 
 MiB = 1 << 20
 RAW_PORT = 7311
@@ -115,8 +115,7 @@ def congestion_in(ns):
     it paces Ray's connections and the tcp provider's alike (docs/benchmarks.md, "TCP congestion
     control"). None when it cannot be read."""
     try:
-        p = subprocess.run(["ip", "netns", "exec", ns, "cat", "/proc/sys/net/ipv4/tcp_congestion_control"],
-                           capture_output=True, text=True, timeout=30)
+        p = netns.in_ns(ns, "cat", "/proc/sys/net/ipv4/tcp_congestion_control", check=False, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return p.stdout.strip() or None
@@ -124,11 +123,8 @@ def congestion_in(ns):
 
 def congestion_list(kind):
     """/proc/sys/net/ipv4/tcp_{kind}_congestion_control as a list (None: unreadable)."""
-    try:
-        with open(f"/proc/sys/net/ipv4/tcp_{kind}_congestion_control") as f:
-            return f.read().split()
-    except OSError:
-        return None
+    value = tcp_sysctl(f"tcp_{kind}_congestion_control")
+    return None if value is None else value.split()
 
 
 def congestion_refusal(name):
