@@ -13,19 +13,17 @@ sys.path.insert(0, str(ROOT / "python"))
 
 import pytest  # noqa: E402
 
-from rayfabric import bench_link  # noqa: E402
-
-
-def run(*args):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
-    return subprocess.run([sys.executable, "-m", "rayfabric", "bench", "--link", *args], capture_output=True,
-                          text=True, timeout=120, env=env)
+from rayfabric import bench_link, netns  # noqa: E402
 
 
 def run_bench(*args):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
     return subprocess.run([sys.executable, "-m", "rayfabric", "bench", *args], capture_output=True, text=True,
                           timeout=120, env=env)
+
+
+def run(*args):
+    return run_bench("--link", *args)
 
 
 needs_lists = pytest.mark.skipif(bench_link.congestion_list("allowed") is None,
@@ -101,3 +99,24 @@ def test_a_bad_rate_is_refused_before_anything_starts():
     p = run("10gbit,fast", "--sizes", "1M")
     assert p.returncode == 2, p.stdout + p.stderr
     assert "--link: rate 'fast': use e.g. 500mbit, 1gbit, 10gbit" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_namespace_that_refuses_the_congestion_control_is_a_clear_error():
+    """The kernel itself refusing the write (here: no such algorithm), in a namespace of its own."""
+    pair = netns.NetnsPair(links=1, congestion="not_a_real_cc")
+    with pytest.raises(RuntimeError, match="not a kernel module name"):
+        netns.NetnsPair(links=1, congestion="cubic; touch /x")._set_congestion("unused")
+    if os.geteuid() != 0 or subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
+        pytest.skip("needs root and ip netns")
+    ns = "rfcctest"
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        with pytest.raises(RuntimeError) as e:
+            pair._set_congestion(ns)
+        said = str(e.value)
+        assert said.startswith(f"cannot set TCP congestion control not_a_real_cc in namespace {ns}: ")
+        assert "tcp_allowed_congestion_control lists" in said
+        assert bench_link.congestion_in(ns) == bench_link.tcp_sysctl("tcp_congestion_control")  # left as it was
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
