@@ -540,7 +540,9 @@ def broadcast(ref, nodes=None, timeout=None):
     count one). Returns the rounds, each a list of {"source", "destination", "read_from" (the node(s)
     its fabric pull read), "pulled" (by the fabric), "local" (the node holds a copy now),
     "seconds", "error"}; a node without a copy (dead, timed out) does not serve later rounds.
-    An object still being computed is waited for first. `timeout` bounds the whole (default: no
+    An object still being computed is waited for first, and then its owner's record of where it
+    was stored (up to BROADCAST_LOCATION_WAIT_S, 5 s; a small result inlined in its owner is
+    refused at once: ValueError, as is one spilled or lost). `timeout` bounds the whole (default: no
     bound on that wait, RAYFABRIC_PULL_TIMEOUT_S per round); GetTimeoutError if the object was not
     made within it."""
     global _broadcast_task
@@ -553,9 +555,7 @@ def broadcast(ref, nodes=None, timeout=None):
     made, _ = ray.wait([ref], timeout=timeout, fetch_local=False)
     if not made:
         raise ray.exceptions.GetTimeoutError(f"rayfabric.broadcast: the object was not made within {timeout} s")
-    core_worker = ray._private.worker.global_worker.core_worker
-    location = _locations(core_worker, [ref]).get(ref) or {}
-    holders = list(dict.fromkeys(location.get("node_ids") or []))
+    holders = _broadcast_holders(ref, deadline)
     if not holders:
         raise ValueError("rayfabric.broadcast: the object is in no node's object store (inlined in its "
                          "owner, spilled or lost); use ray.get for it")
@@ -585,6 +585,31 @@ def broadcast(ref, nodes=None, timeout=None):
         rounds.append([dict(r, source=src, destination=dst) for (src, dst), r in zip(pairs, results)])
         holders += [dst for (_, dst), r in zip(pairs, results) if r["local"]]
     return rounds
+
+
+BROADCAST_LOCATION_WAIT_S = 5.0
+
+
+def _broadcast_holders(ref, deadline):
+    """The nodes whose stores hold `ref` (a made object). A task's result is ready a moment before
+    the raylet that stored it tells the owner where (_own_locations waits 50 ms for that, which a
+    busy machine can outlast: a fresh-clone CI run saw broadcast refuse a just-made 8 MiB result),
+    so one big enough for a store and not spilled is read again for up to
+    BROADCAST_LOCATION_WAIT_S (within `deadline`). Small ones (inlined in their owner) are not."""
+    core_worker = ray._private.worker.global_worker.core_worker
+    wait_until = time.monotonic() + BROADCAST_LOCATION_WAIT_S
+    if deadline is not None:
+        wait_until = min(wait_until, deadline)
+    pause = 0.001
+    while True:
+        location = _locations(core_worker, [ref]).get(ref) or {}
+        holders = list(dict.fromkeys(location.get("node_ids") or []))
+        size = location.get("object_size")
+        inlined = size is not None and size < MIN_OBJECT_BYTES
+        if holders or inlined or location.get("did_spill") or time.monotonic() >= wait_until:
+            return holders
+        time.sleep(pause)
+        pause = min(2 * pause, 0.05)
 
 
 def prefetch(refs, timeout=None, claim=False, answer_within_s=None):

@@ -24,14 +24,19 @@ Needs root and `ip netns` (exit 77 otherwise). No delay is added (this kernel ha
 the namespaces' veth adds microseconds. --quick: 2gbit, 64 MiB, one rep (the CI form). Exit 1 if
 any byte differs, a rayfabric get did not move its object by the fabric, a raw ceiling failed, the
 nodes could not be started or the namespaces do not have the asked --congestion; exit 2 for a bad
-argument (a congestion control the namespaces may not choose, with the kernel's lists)."""
+argument (a congestion control the kernel does not have, with its list). One the kernel has but
+network namespaces may not choose yet (not in net.ipv4.tcp_allowed_congestion_control, as on a
+fresh Debian machine: `reno bbr`) is added to that list for the run, said so, and the list set
+back at exit, also on an error or SIGTERM (and by a janitor process if this one is SIGKILLed)."""
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from rayfabric import bin_dir, netns
@@ -128,20 +133,37 @@ def congestion_list(kind):
 
 
 def congestion_refusal(name):
-    """Why the namespaces cannot be given congestion control `name`, or None. A namespace other
-    than the initial one may only choose what tcp_allowed_congestion_control lists."""
+    """Why the namespaces cannot be given congestion control `name`, or None: the kernel must have
+    it (tcp_available_congestion_control). One it has but namespaces may not choose yet (not in
+    tcp_allowed_congestion_control) is allowed for the run by main (netns.CongestionAllowed)."""
     available, allowed = congestion_list("available"), congestion_list("allowed")
     if available is None or allowed is None:
         return ("cannot read /proc/sys/net/ipv4/tcp_available_congestion_control and "
                 "tcp_allowed_congestion_control here (a kernel before 4.15 has no per-namespace setting)")
     if name not in available:
         return (f"this kernel offers {', '.join(available) or 'none'} (tcp_available_congestion_control; "
-                f"`modprobe tcp_{name}` loads a module of that name, then allow it as below)")
-    if name not in allowed:
-        return (f"network namespaces may choose only from {', '.join(allowed) or 'none'} "
-                f"(tcp_allowed_congestion_control; `sysctl -w net.ipv4.tcp_allowed_congestion_control="
-                f"\"{' '.join(allowed + [name])}\"` allows it)")
+                f"`modprobe tcp_{name}` loads a module of that name)")
     return None
+
+
+def say_allowed(allowance):
+    """What the run did to the host's allowed list, for the user (None: nothing)."""
+    if not allowance.widened:
+        return None
+    return (f"--congestion {allowance.name}: the kernel has it, but network namespaces may choose only from "
+            f"{', '.join(allowance.before)} (net.ipv4.tcp_allowed_congestion_control); allowed for this run "
+            f"(set to \"{' '.join(allowance.widened_to)}\"), set back to \"{' '.join(allowance.before)}\" at exit")
+
+
+def say_restored(allowance):
+    """What the allowed list is after the run, for the user (None: the run did not change it)."""
+    if not allowance.widened:
+        return None
+    after = allowance.after_exit
+    if after is not None and sorted(after) == sorted(allowance.before):
+        return f"net.ipv4.tcp_allowed_congestion_control set back to \"{' '.join(after)}\" (as before the run)"
+    return (f"net.ipv4.tcp_allowed_congestion_control changed during the run by someone else (now "
+            f"\"{' '.join(after or ['unreadable'])}\"): left as it is")
 
 
 def summarize(rate, nbytes, rows, raw):
@@ -200,6 +222,53 @@ def print_table(summaries):
               + " ".join(f"{ph[x]:8.1f}" if x in ph else f"{'-':>8s}" for x in steps) + f" {raw}")
 
 
+def run_links(a, rates, sizes, allowance):
+    """Both nodes started in their namespaces, then per rate: the raw ceilings and the driver's rows.
+    Returns (results, summaries, the namespaces' congestion control as read); the namespaces are
+    torn down however it ends."""
+    dev_a, dev_b = netns.LINKS[0][:2]
+    cfg = {"sizes": sizes, "reps": a.reps, "other_ns": netns.NAMESPACES[1],
+           "node_env": {"nA": {"RAYFABRIC_DOMAIN": dev_a, "RAYFABRIC_PROVIDER": a.provider},
+                        "nB": {"RAYFABRIC_DOMAIN": dev_b, "RAYFABRIC_PROVIDER": a.provider}}}
+    extra = {k: os.environ[k] for k in ("PYTHONPATH", "RAYFABRIC_BIN_DIR") if k in os.environ}
+    pair = netns.NetnsPair(links=1, store_bytes=max(300 * MiB, 4 * max(sizes)), congestion=a.congestion)
+    print(f"rayfabric bench --link: 2 nodes in network namespaces, one link shaped to {', '.join(rates)} in turn; "
+          f"objects of {', '.join(f'{s // MiB} MiB' for s in sizes)}; {a.reps} repetitions (+1 warm-up); "
+          f"{a.provider}", flush=True)
+    if allowance is not None and allowance.widened:
+        print(f"  {say_allowed(allowance)}", flush=True)
+    results, summaries, congestion = [], [], None
+    try:
+        try:
+            pair.start()
+        except RuntimeError as e:  # a command that set up the namespaces or Ray in them failed
+            raise SystemExit(f"rayfabric bench --link: could not start the two nodes: {e}") from e
+        # The source's side (B) sends the bytes, so its setting paces them; both are read.
+        seen = {ns: congestion_in(ns) for ns in (netns.NAMESPACES[1], netns.NAMESPACES[0])}
+        congestion = seen[netns.NAMESPACES[1]] if len(set(seen.values())) == 1 else (
+            ", ".join(f"{ns}: {v or 'unreadable'}" for ns, v in seen.items()))
+        print(f"  TCP congestion control in the namespaces: {congestion or 'unreadable'}"
+              + ("" if a.congestion else " (a new namespace's default: the initial namespace's)"), flush=True)
+        if a.congestion and set(seen.values()) != {a.congestion}:
+            raise SystemExit(f"rayfabric bench --link: asked for --congestion {a.congestion}, the namespaces have "
+                             f"{congestion or 'a setting that could not be read'}")
+        for rate in rates:
+            pair.shape(rate)
+            t0 = time.monotonic()
+            raw = raw_over_link(a.provider, sizes, iters=max(3, a.reps))
+            if "error" in raw:
+                print(f"  {rate}: raw ceiling not measured: {raw['error']}", flush=True)
+            out = pair.run_driver(DRIVER, json.dumps(cfg), extra_env=extra, timeout=3600)
+            rows = json.loads(next(l for l in out.splitlines() if l.startswith("RESULT "))[len("RESULT "):])
+            results.append({"link": rate, "raw": raw, "rows": rows})
+            for nbytes in sizes:
+                summaries.append(summarize(rate, nbytes, rows, raw))
+            print(f"  {rate}: done ({time.monotonic() - t0:.0f} s)", flush=True)
+    finally:
+        pair.stop()
+    return results, summaries, congestion
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="rayfabric bench --link", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -208,8 +277,9 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=3, help="timed repetitions per size and path (+1 warm-up)")
     p.add_argument("--provider", default="tcp;ofi_rxm", help="libfabric provider of agents and raw read")
     p.add_argument("--congestion", help="TCP congestion control of the two namespaces, set before Ray starts "
-                   "(e.g. cubic, bbr; one of /proc/sys/net/ipv4/tcp_allowed_congestion_control); default: "
-                   "what a new namespace gets, the initial namespace's")
+                   "(e.g. cubic, bbr; one of /proc/sys/net/ipv4/tcp_available_congestion_control: one "
+                   "that tcp_allowed_congestion_control does not list is added to it for the run, and "
+                   "the list set back at exit); default: what a new namespace gets, the initial namespace's")
     p.add_argument("--quick", action="store_true", help="2gbit, 64 MiB, one repetition")
     p.add_argument("--json", help="write every row and summary here")
     a = p.parse_args(argv)
@@ -240,44 +310,26 @@ def main(argv=None):
         why_not = congestion_refusal(a.congestion)
         if why_not:
             p.error(f"--congestion {a.congestion}: {why_not}")
-    dev_a, dev_b = netns.LINKS[0][:2]
-    cfg = {"sizes": sizes, "reps": a.reps, "other_ns": netns.NAMESPACES[1],
-           "node_env": {"nA": {"RAYFABRIC_DOMAIN": dev_a, "RAYFABRIC_PROVIDER": a.provider},
-                        "nB": {"RAYFABRIC_DOMAIN": dev_b, "RAYFABRIC_PROVIDER": a.provider}}}
-    extra = {k: os.environ[k] for k in ("PYTHONPATH", "RAYFABRIC_BIN_DIR") if k in os.environ}
-    pair = netns.NetnsPair(links=1, store_bytes=max(300 * MiB, 4 * max(sizes)), congestion=a.congestion)
-    print(f"rayfabric bench --link: 2 nodes in network namespaces, one link shaped to {', '.join(rates)} in turn; "
-          f"objects of {', '.join(f'{s // MiB} MiB' for s in sizes)}; {a.reps} repetitions (+1 warm-up); "
-          f"{a.provider}", flush=True)
-    results, summaries, congestion = [], [], None
-    try:
+    allowance = None
+    if a.congestion:
+        allowance = netns.CongestionAllowed(a.congestion)
         try:
-            pair.start()
-        except RuntimeError as e:  # a command that set up the namespaces or Ray in them failed
-            raise SystemExit(f"rayfabric bench --link: could not start the two nodes: {e}") from e
-        # The source's side (B) sends the bytes, so its setting paces them; both are read.
-        seen = {ns: congestion_in(ns) for ns in (netns.NAMESPACES[1], netns.NAMESPACES[0])}
-        congestion = seen[netns.NAMESPACES[1]] if len(set(seen.values())) == 1 else (
-            ", ".join(f"{ns}: {v or 'unreadable'}" for ns, v in seen.items()))
-        print(f"  TCP congestion control in the namespaces: {congestion or 'unreadable'}"
-              + ("" if a.congestion else " (a new namespace's default: the initial namespace's)"), flush=True)
-        if a.congestion and set(seen.values()) != {a.congestion}:
-            raise SystemExit(f"rayfabric bench --link: asked for --congestion {a.congestion}, the namespaces have "
-                             f"{congestion or 'a setting that could not be read'}")
-        for rate in rates:
-            pair.shape(rate)
-            t0 = time.monotonic()
-            raw = raw_over_link(a.provider, sizes, iters=max(3, a.reps))
-            if "error" in raw:
-                print(f"  {rate}: raw ceiling not measured: {raw['error']}", flush=True)
-            out = pair.run_driver(DRIVER, json.dumps(cfg), extra_env=extra, timeout=3600)
-            rows = json.loads(next(l for l in out.splitlines() if l.startswith("RESULT "))[len("RESULT "):])
-            results.append({"link": rate, "raw": raw, "rows": rows})
-            for nbytes in sizes:
-                summaries.append(summarize(rate, nbytes, rows, raw))
-            print(f"  {rate}: done ({time.monotonic() - t0:.0f} s)", flush=True)
+            allowance.apply()
+        except RuntimeError as e:
+            p.error(f"--congestion {a.congestion}: {e}")
+    # SIGTERM (a timeout, a kill) ends the run as an error does: namespaces torn down, the allowed list
+    # restored (its janitor restores it even after SIGKILL).
+    on_term = (signal.signal(signal.SIGTERM, lambda sig, frame: sys.exit(128 + sig))
+               if threading.current_thread() is threading.main_thread() else None)
+    try:
+        results, summaries, congestion = run_links(a, rates, sizes, allowance)
     finally:
-        pair.stop()
+        if allowance is not None:
+            allowance.restore()
+            if allowance.widened:
+                print(say_restored(allowance), flush=True)
+        if on_term is not None:
+            signal.signal(signal.SIGTERM, on_term)
     print_table(summaries)
     rows = [r for res in results for r in res["rows"]]
     bad = [r for r in rows if not r["ok"] or (r["path"] == "rayfabric" and r["pulled"] != 1)]

@@ -125,6 +125,94 @@ def _can_make_namespace(name, clean):
     return None if probe.returncode == 0 else f"cannot create network namespaces here: {probe.stderr.strip()}"
 
 
+ALLOWED_CONGESTION = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
+
+# Runs until its stdin reaches EOF: when CongestionAllowed closes it, and equally when the caller
+# dies (SIGTERM, SIGKILL), since it runs in a session of its own. Then it writes back the list the
+# run found, unless somebody else changed the setting meanwhile (it is no longer what the run wrote).
+_CONGESTION_JANITOR = r"""
+import sys
+path, original, widened = sys.argv[1], sys.argv[2], sys.argv[3]
+sys.stdin.read()
+with open(path) as f:
+    now = f.read().split()
+if sorted(now) == sorted(widened.split()):
+    with open(path, "w") as f:
+        f.write(original)
+"""
+
+
+class CongestionAllowed:
+    """Makes TCP congestion control `name` (one the kernel has: tcp_available_congestion_control)
+    choosable in network namespaces for as long as it is entered: a namespace other than the
+    initial one may take only what net.ipv4.tcp_allowed_congestion_control lists, a host-wide
+    setting. Where `name` is listed already nothing changes; else it is added, and the list the
+    run found is written back at exit by a janitor process that outlives the caller however it
+    ends. `widened` says whether it was added, `before` is the list found, `after_exit` what the
+    setting is once the janitor is done. Entering raises RuntimeError (nothing changed) when the
+    setting cannot be read or written."""
+
+    def __init__(self, name, path=ALLOWED_CONGESTION):
+        if not re.fullmatch(r"[a-z0-9_]+", name):
+            raise ValueError(f"TCP congestion control {name!r}: not a kernel module name")
+        self.name, self.path = name, path
+        self.before = self.widened_to = self.after_exit = None
+        self.widened = False
+        self._janitor = None
+
+    def _read(self):
+        with open(self.path) as f:
+            return f.read().split()
+
+    def __enter__(self):
+        return self.apply()
+
+    def __exit__(self, *exc):
+        self.restore()
+
+    def apply(self):
+        """Adds the name to the list unless it is there (see the class)."""
+        try:
+            self.before = self._read()
+        except OSError as e:
+            raise RuntimeError(f"cannot read {self.path}: {e.strerror or e}") from e
+        if self.name in self.before:
+            return self
+        self.widened_to = self.before + [self.name]
+        wanted = " ".join(self.widened_to)
+        # Started before the write, so that the list is restored even if this process dies right after it.
+        self._janitor = subprocess.Popen([sys.executable, "-c", _CONGESTION_JANITOR, self.path, " ".join(self.before),
+                                          wanted], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL, start_new_session=True, text=True)
+        try:
+            with open(self.path, "w") as f:
+                f.write(wanted)
+            if self.name not in self._read():
+                raise OSError(f"the kernel did not take it (it lists {' '.join(self._read())})")
+        except OSError as e:
+            self._finish()
+            raise RuntimeError(f"cannot add it to {self.path} for the run: {getattr(e, 'strerror', None) or e} "
+                               f"(as root, `sysctl -w net.ipv4.tcp_allowed_congestion_control=\"{wanted}\"` "
+                               "allows it)") from e
+        self.widened = True
+        return self
+
+    def restore(self):
+        """The list as the run found it, unless somebody else changed it meanwhile (see the class)."""
+        if self.widened:
+            self._finish()
+
+    def _finish(self):
+        if self._janitor is not None:
+            self._janitor.stdin.close()
+            self._janitor.wait(timeout=60)
+            self._janitor = None
+        try:
+            self.after_exit = self._read()
+        except OSError:
+            self.after_exit = None
+
+
 def shape_device(ns, dev, rate):
     """`dev` in namespace `ns` limited to `rate` (tc's units) on egress, or unshaped with None."""
     in_ns(ns, "tc", "qdisc", "del", "dev", dev, "root", check=False)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,15 +53,134 @@ def test_an_unknown_congestion_control_is_refused_with_what_the_kernel_offers():
     assert f"--congestion no_such_cc: {why}" in p.stderr and "Traceback" not in p.stderr
 
 
-def test_a_congestion_control_namespaces_may_not_choose_is_refused_with_the_fix(monkeypatch):
+def test_one_the_kernel_has_is_not_refused_for_not_being_allowed_yet(monkeypatch):
+    """Not in tcp_allowed_congestion_control is no refusal: main allows it for the run."""
     lists = {"available": ["reno", "cubic", "bbr"], "allowed": ["reno", "cubic"]}
     monkeypatch.setattr(bench_link, "congestion_list", lambda kind: lists[kind])
-    why = bench_link.congestion_refusal("bbr")
-    assert why == ("network namespaces may choose only from reno, cubic (tcp_allowed_congestion_control; "
-                   "`sysctl -w net.ipv4.tcp_allowed_congestion_control=\"reno cubic bbr\"` allows it)")
+    assert bench_link.congestion_refusal("bbr") is None
     assert bench_link.congestion_refusal("cubic") is None
+    assert bench_link.congestion_refusal("vegas").startswith("this kernel offers reno, cubic, bbr ")
     monkeypatch.setattr(bench_link, "congestion_list", lambda kind: None)
     assert "kernel before 4.15" in bench_link.congestion_refusal("cubic")
+
+
+# CongestionAllowed against the kernel's own setting (root: it is host-wide). Each test sets the
+# list it needs and `allowed_list` puts back the one the host had, whatever the test did.
+ALLOWED = netns.ALLOWED_CONGESTION
+
+
+def read_allowed():
+    with open(ALLOWED) as f:
+        return f.read().split()
+
+
+def write_allowed(names):
+    with open(ALLOWED, "w") as f:
+        f.write(" ".join(names))
+
+
+@pytest.fixture
+def allowed_list():
+    """(an algorithm the kernel has other than the host's default, the host's list): the host's
+    list is written back after the test."""
+    if os.geteuid() != 0 or bench_link.congestion_list("allowed") is None:
+        pytest.skip("needs root and a kernel with tcp_allowed_congestion_control")
+    host = read_allowed()
+    default = bench_link.tcp_sysctl("tcp_congestion_control")
+    spare = [n for n in bench_link.congestion_list("available") if n != default]
+    if not spare:
+        pytest.skip(f"this kernel has no TCP congestion control besides {default}")
+    yield spare[-1], host
+    write_allowed(host)
+
+
+def test_an_algorithm_only_available_is_allowed_for_the_run_and_the_list_set_back(allowed_list):
+    name, host = allowed_list
+    write_allowed([n for n in host if n != name])   # as on a fresh machine: available, not allowed
+    before = read_allowed()
+    ns = "rfcctest"
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        with netns.CongestionAllowed(name) as allowance:
+            assert allowance.widened and allowance.before == before
+            assert sorted(read_allowed()) == sorted(before + [name])
+            netns.NetnsPair(links=1, congestion=name)._set_congestion(ns)   # a namespace may now choose it
+            assert bench_link.congestion_in(ns) == name
+            said = bench_link.say_allowed(allowance)
+        assert said == (f"--congestion {name}: the kernel has it, but network namespaces may choose only from "
+                        f"{', '.join(before)} (net.ipv4.tcp_allowed_congestion_control); allowed for this run "
+                        f"(set to \"{' '.join(before + [name])}\"), set back to \"{' '.join(before)}\" at exit")
+        assert read_allowed() == before and allowance.after_exit == before
+        assert bench_link.say_restored(allowance) == (
+            f"net.ipv4.tcp_allowed_congestion_control set back to \"{' '.join(before)}\" (as before the run)")
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def test_an_algorithm_allowed_already_changes_nothing(allowed_list):
+    name, host = allowed_list
+    write_allowed(sorted(set(host) | {name}))
+    before = read_allowed()
+    with netns.CongestionAllowed(name) as allowance:
+        assert not allowance.widened and read_allowed() == before
+    assert read_allowed() == before
+    assert bench_link.say_allowed(allowance) is None and bench_link.say_restored(allowance) is None
+
+
+def test_a_change_made_by_someone_else_during_the_run_is_left_alone(allowed_list):
+    name, host = allowed_list
+    write_allowed([n for n in host if n != name])
+    with netns.CongestionAllowed(name) as allowance:
+        write_allowed(["reno", name])   # an operator's own change meanwhile
+    assert read_allowed() == ["reno", name]
+    assert bench_link.say_restored(allowance) == (
+        f"net.ipv4.tcp_allowed_congestion_control changed during the run by someone else (now \"reno {name}\"): "
+        "left as it is")
+
+
+def test_the_list_is_set_back_when_the_run_is_killed(allowed_list):
+    """SIGKILL leaves no finally: the janitor, in a session of its own, sees its stdin close."""
+    name, host = allowed_list
+    write_allowed([n for n in host if n != name])
+    before = read_allowed()
+    child = subprocess.Popen([sys.executable, "-c", f"from rayfabric import netns; import time\n"
+                              f"netns.CongestionAllowed({name!r}).apply(); print('widened', flush=True); "
+                              "time.sleep(600)"], stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT / "python")))
+    try:
+        assert child.stdout.readline().strip() == "widened"
+        assert name in read_allowed()
+        child.kill()
+        child.wait()
+    finally:
+        child.kill()
+    deadline = time.monotonic() + 30
+    while read_allowed() != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert read_allowed() == before
+
+
+def test_a_list_that_cannot_be_written_is_a_clear_error_and_changes_nothing(allowed_list):
+    """The write fails for real: the child runs in a mount namespace of its own where /proc/sys is
+    read-only."""
+    name, host = allowed_list
+    write_allowed([n for n in host if n != name])
+    before = read_allowed()
+    read_only_proc_sys = "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && exec \"$@\""
+    code = ("from rayfabric import netns\n"
+            "try:\n"
+            f"    netns.CongestionAllowed({name!r}).apply()\n"
+            "except RuntimeError as e:\n"
+            "    print('REFUSED', e)\n")
+    r = subprocess.run(["unshare", "-m", "sh", "-c", read_only_proc_sys, "sh", sys.executable, "-c", code],
+                       capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT / "python")))
+    if r.returncode != 0 and "REFUSED" not in r.stdout:
+        pytest.skip(f"/proc/sys cannot be made read-only in a mount namespace here: {r.stderr.strip()[:200]}")
+    wanted = " ".join(before + [name])
+    assert r.stdout.strip() == (f"REFUSED cannot add it to {ALLOWED} for the run: Read-only file system (as root, "
+                                f"`sysctl -w net.ipv4.tcp_allowed_congestion_control=\"{wanted}\"` allows it)"), r
+    assert read_allowed() == before
 
 
 def test_bad_sizes_and_reps_are_refused_before_anything_starts():
