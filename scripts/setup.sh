@@ -27,9 +27,10 @@ fi
 PY=${PYTHON:-python3}
 RAY_VERSION=$(cat python/RAY_VERSION)
 if ! $PY -c "import ray, sys; sys.exit(ray.__version__ != '$RAY_VERSION')" 2>/dev/null ||
-   ! $PY -c "import numpy, pandas, pytest, matplotlib" 2>/dev/null; then
-  echo "[setup] pip install ray==$RAY_VERSION numpy pandas pytest matplotlib"
-  PYTHON=$PY bash scripts/pip-install.sh -q "ray[default]==$RAY_VERSION" numpy pandas pytest matplotlib
+   ! $PY -c "import numpy, pandas, pyarrow, pytest, matplotlib" 2>/dev/null; then
+  # ray[data]: Ray Data's iterator, whose prefetching ray.wait the tests run for real.
+  echo "[setup] pip install ray[default,data]==$RAY_VERSION numpy pandas pytest matplotlib"
+  PYTHON=$PY bash scripts/pip-install.sh -q "ray[default,data]==$RAY_VERSION" numpy pandas pytest matplotlib
 fi
 # torch: the RDT tests and `rayfabric bench --tensors` (Ray Direct Transport moves torch tensors).
 # RAYFABRIC_NO_TORCH=1 skips it (~3 GB with its CUDA libraries); those tests then say they skipped.

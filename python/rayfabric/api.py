@@ -18,6 +18,7 @@ log = logging.getLogger("rayfabric")
 # ray.get as it was at import: transparent mode replaces ray.get, and rayfabric.get must not
 # call itself through it.
 _ray_get = ray.get
+_ray_wait = ray.wait  # as _ray_get: transparent mode replaces ray.wait (rayfabric.waits)
 
 # Objects smaller than this go through Ray's own path (a pull's fixed cost is not worth it) ...
 MIN_OBJECT_BYTES = int(os.environ.get("RAYFABRIC_MIN_OBJECT_BYTES", str(64 << 10)))
@@ -57,6 +58,7 @@ _stats = {"objects_pulled": 0, "bytes_pulled": 0, "already_local": 0, "stood_asi
           "pulls_by_source": {},  # holder node id (hex) -> pulls asked of it (at most 256 nodes)
           "ray_path_small": 0, "ray_path_not_in_plasma": 0, "ray_path_spilled": 0, "fallbacks": 0,
           "fallback_reasons": {}, "already_here": 0, "claimed": 0,
+          "waits_by_fabric": 0,  # objects a ray.wait(fetch_local=True) had pulled by the fabric (waits.py)
           # objects whose locations this process read from its own reference counter (it owns
           # them): no round trip to an owner; those of them whose location it waited for
           "locations_owned": 0, "locations_awaited": 0,
@@ -403,7 +405,7 @@ def _pull(refs, timeout, claim=False, answer_within_s=None, source_node=None):
         return
     deadline = None if timeout is None else time.monotonic() + timeout
     # Wait until every object exists somewhere, without moving it (fetch_local=False).
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout, fetch_local=False)
+    ready, _ = _ray_wait(refs, num_returns=len(refs), timeout=timeout, fetch_local=False)
     if not ready:
         return
     agents = _agent_records()
@@ -525,7 +527,7 @@ def _broadcast_pull(refs, source, timeout_s):
     after = stats()
     fabric_s = time.monotonic() - start
     read_from = sorted(n for n, c in after["pulls_by_source"].items() if c > before["pulls_by_source"].get(n, 0))
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.1, timeout_s - fabric_s), fetch_local=True)
+    ready, _ = _ray_wait(refs, num_returns=len(refs), timeout=max(0.1, timeout_s - fabric_s), fetch_local=True)
     return {"seconds": time.monotonic() - start, "fabric_seconds": fabric_s,
             "pulled": after["objects_pulled"] > before["objects_pulled"] or after["already_here"] > before["already_here"],
             "local": len(ready) == len(refs), "read_from": read_from, "error": error}
@@ -570,7 +572,7 @@ def broadcast(ref, nodes=None, timeout=None):
         left = PULL_TIMEOUT_S if deadline is None else max(0.1, deadline - time.monotonic())
         futures = [_broadcast_task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(dst, soft=False))
                    .remote([ref], src, left) for src, dst in pairs]
-        ready, not_ready = ray.wait(futures, num_returns=len(futures), timeout=left + 5)
+        ready, not_ready = _ray_wait(futures, num_returns=len(futures), timeout=left + 5)
         for f in not_ready:
             ray.cancel(f, force=True)
         results = []

@@ -7,7 +7,9 @@ In every worker:    ray.init(..., runtime_env={"worker_process_setup_hook":
 
 Explicit ray.get calls are routed, and so are the ObjectRef arguments of calls whose destination
 node is known at submission (actor method calls, node-affinity and placement-group tasks:
-rayfabric.args); any failure falls back to Ray's path, so results are always what Ray returns."""
+rayfabric.args), and the objects of ray.wait(..., fetch_local=True) (Ray Data's prefetcher,
+ActorPool: rayfabric.waits); any failure falls back to Ray's path, so results are always what Ray
+returns. Off in a process: RAYFABRIC_ARGS=0 (arguments), RAYFABRIC_WAITS=0 (waits)."""
 import os
 
 import ray
@@ -28,9 +30,10 @@ def _get(object_refs, *, timeout=None):
     return _original_get(object_refs, timeout=timeout)
 
 
-def enable(arguments=True):
-    """Routes ray.get through rayfabric in this process, and (arguments=True) asks the destination
-    node of each call with a known one to pull its ObjectRef arguments (idempotent)."""
+def enable(arguments=True, waits=True):
+    """Routes ray.get through rayfabric in this process, (arguments=True) asks the destination
+    node of each call with a known one to pull its ObjectRef arguments, and (waits=True) pulls
+    what ray.wait(fetch_local=True) waits for by the fabric (idempotent)."""
     global _original_get
     if _original_get is None:
         _original_get = api._ray_get
@@ -38,6 +41,10 @@ def enable(arguments=True):
     if arguments and os.environ.get("RAYFABRIC_ARGS", "1") != "0":
         from rayfabric import args
         args.install()
+    if waits and api._switch("RAYFABRIC_WAITS", "ray.wait(fetch_local=True) pulls by the fabric",
+                             "ray.wait is Ray's alone"):
+        from rayfabric import waits as waits_hook
+        waits_hook.install()
     return True
 
 
@@ -46,8 +53,9 @@ def disable():
     if _original_get is not None:
         ray.get = _original_get
         _original_get = None
-    from rayfabric import args
+    from rayfabric import args, waits
     args.uninstall()
+    waits.uninstall()
 
 
 def enabled():

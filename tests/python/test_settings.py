@@ -44,3 +44,30 @@ def test_switch_bad_value_is_refused_with_the_reason(variable, name, bad, why):
     r = import_api(**{variable: bad})
     assert r.returncode != 0
     assert why in r.stderr, r.stderr
+
+
+def enable_transparent(value):
+    """transparent.enable() in a fresh process (no Ray cluster needed to install the hooks) with
+    RAYFABRIC_WAITS=value (None: unset); prints whether ray.wait is rayfabric's."""
+    code = ("import ray; from rayfabric import api, transparent, waits; transparent.enable(arguments=False); "
+            "print('WAITS', waits.installed(), ray.wait is not api._ray_wait); transparent.disable(); "
+            "print('RESTORED', ray.wait is api._ray_wait)")
+    full = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    full.pop("RAYFABRIC_WAITS", None)
+    if value is not None:
+        full["RAYFABRIC_WAITS"] = value
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
+
+
+@pytest.mark.parametrize("value, expected", [(None, True), ("1", True), ("0", False), ("false", False)])
+def test_waits_switch(value, expected):
+    r = enable_transparent(value)
+    assert r.returncode == 0, r.stderr
+    assert f"WAITS {expected} {expected}" in r.stdout and "RESTORED True" in r.stdout, r.stdout
+
+
+def test_waits_switch_bad_value_is_refused_with_the_reason():
+    r = enable_transparent("sometimes")
+    assert r.returncode != 0
+    assert ("RAYFABRIC_WAITS='sometimes': use 1 (the default: ray.wait(fetch_local=True) pulls by the fabric) "
+            "or 0 (ray.wait is Ray's alone)") in r.stderr, r.stderr
