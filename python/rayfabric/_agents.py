@@ -309,7 +309,8 @@ def published():
 
 
 class NodeWatcher(threading.Thread):
-    """Starts agents on nodes that join after init()."""
+    """Starts agents on nodes that join after init(), until shutdown() or until this process
+    leaves Ray (ray.shutdown(): then it ends without a word; the next init() starts another)."""
 
     def __init__(self, provider, env, interval_s=2.0, node_env=None):
         super().__init__(daemon=True, name="rayfabric-node-watcher")
@@ -318,7 +319,10 @@ class NodeWatcher(threading.Thread):
         self.stopped = threading.Event()
 
     def run(self):
+        said = set()
         while not self.stopped.wait(self.interval_s):
+            if not ray.is_initialized():
+                return
             try:
                 known = published()
                 failed = unavailable()
@@ -326,5 +330,9 @@ class NodeWatcher(threading.Thread):
                     if node not in known and node not in failed:
                         start_on(node, self.provider, env_for(node, self.env, self.node_env))
             except Exception as e:  # noqa: BLE001 - keep watching; say why once per failure
-                print(f"rayfabric: could not start an agent on a new node: {e}", file=sys.stderr)
+                if not ray.is_initialized():
+                    return  # Ray shut down while this round ran: nothing to say
+                if str(e) not in said:
+                    said.add(str(e))
+                    print(f"rayfabric: could not start an agent on a new node: {e}", file=sys.stderr)
                 time.sleep(self.interval_s)

@@ -82,7 +82,7 @@ def init(provider=None, watch_new_nodes=True, env=None, node_env=None):
     if not ray.is_initialized():
         raise RuntimeError("rayfabric.init() needs a connected Ray: call ray.init() first")
     records = _agents.start_all(provider, env, node_env)
-    if watch_new_nodes and _watcher is None:
+    if watch_new_nodes and (_watcher is None or not _watcher.is_alive()):
         _watcher = _agents.NodeWatcher(provider, env, node_env=node_env)
         _watcher.start()
     _agents_cache["at"] = 0.0
