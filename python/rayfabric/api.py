@@ -673,4 +673,22 @@ def status(timeout=10):
         out[node] = d
     for node, why in _agents.unavailable().items():
         out.setdefault(node, {"alive": False, "error": "no agent could start here: " + why[:300]})
+    _coverage(out)
     return {"agents": out, "local": stats()}
+
+
+def _coverage(agents):
+    """Per node with a live agent: the bytes Ray's own object manager received there
+    ("ray_bytes_received", Ray's metric, None where it cannot be read) beside the fabric's, and
+    "coverage" = fabric / (fabric + Ray's) of the bytes that came into the node from others, since
+    the agent and the raylet started (None while nothing came in, or Ray's metric is unknown)."""
+    from rayfabric import metrics
+
+    nodes = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
+    for node, d in agents.items():
+        if not d.get("alive"):
+            continue
+        received = metrics.ray_bytes_received(nodes[node]) if node in nodes else None
+        d["ray_bytes_received"] = received
+        moved = None if received is None else d["bytes_pulled"] + received
+        d["coverage"] = d["bytes_pulled"] / moved if moved else None

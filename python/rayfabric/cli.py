@@ -19,6 +19,14 @@ def _connect(address):
     ray.init(address=address, logging_level="ERROR", namespace="rayfabric-cli")
 
 
+def _mib(n):
+    return "-" if n is None else f"{n / 2**20:.1f}"
+
+
+def _share(x):
+    return "-" if x is None else f"{x:.0%}"
+
+
 def _print_status(st):
     rows = st["agents"]
     if not rows:
@@ -26,10 +34,11 @@ def _print_status(st):
         return
     # Per node: the best fabric, peers pulled from, objects and bytes in (pulled) and out (served
     # to peers), the rate of both since the agent started, leases and pinned bytes now, failures,
-    # and the objects this node's processes left to Ray's own transfer (fallbacks; why, below).
+    # the objects this node's processes left to Ray's own transfer (fallbacks; why, below), the bytes
+    # Ray's own object manager brought in (its metric) and the fabric's share of all that came in.
     print(f"{'node':14s} {'address':22s} {'provider':14s} {'domain':8s} {'exposure':8s} {'auth':9s} "
           f"{'peers':>5s} {'pulled':>7s} {'MiB in':>9s} {'MiB out':>9s} {'MiB/s':>7s} {'up s':>7s} "
-          f"{'leases':>6s} {'pinned MiB':>10s} {'failed':>6s} {'fallbacks':>9s}")
+          f"{'leases':>6s} {'pinned MiB':>10s} {'failed':>6s} {'fallbacks':>9s} {'Ray MiB in':>10s} {'coverage':>8s}")
     for node, a in sorted(rows.items()):
         if not a.get("alive"):
             print(f"{node[:12]:14s} {a.get('address', '-'):22s} DEAD: {a.get('error', '')}")
@@ -42,7 +51,7 @@ def _print_status(st):
               f"{auth:9s} {len(a.get('peer_links') or []):5d} {a['objects_pulled']:7d} "
               f"{a['bytes_pulled'] / 2**20:9.1f} {a['bytes_leased'] / 2**20:9.1f} {rate:7.1f} {up_s:7.0f} "
               f"{a['leases_active']:6d} {a['pinned_bytes'] / 2**20:10.1f} {a['pulls_failed']:6d} "
-              f"{a.get('fallbacks', 0):9d}")
+              f"{a.get('fallbacks', 0):9d} {_mib(a.get('ray_bytes_received')):>10s} {_share(a.get('coverage')):>8s}")
         fabrics = a.get("fabrics") or []
         if len(fabrics) > 1 or any(f.get("rail_domains") for f in fabrics):
             print(f"{'':14s} fabrics: " + ", ".join(

@@ -173,3 +173,26 @@ def count_fallback(reason, count):
     m = _worker_metrics()
     if m and count > 0:
         m[1].inc(count, tags={"reason": reason_class(reason)})
+
+
+def ray_bytes_received(node, timeout=2.0):
+    """Bytes Ray's own object manager on `node` (a ray.nodes() entry) received from other nodes
+    since its raylet started (its ray_object_manager_bytes{Type="Received"} gauge, thrown-away
+    chunks included), read from the node's Prometheus endpoint; None where that endpoint or the
+    metric is not there (a cluster without Ray's metrics agent, or before its first report)."""
+    import urllib.request
+
+    port = node.get("MetricsExportPort")
+    if not port:
+        return None
+    try:
+        text = urllib.request.urlopen(f"http://{node['NodeManagerAddress']}:{port}/metrics",
+                                      timeout=timeout).read().decode()
+    except (OSError, ValueError):
+        return None
+    total = None
+    for line in text.splitlines():
+        m = re.match(r'^ray_object_manager_bytes\{(.*)\} (\S+)$', line)
+        if m and 'Type="Received"' in m.group(1):
+            total = (total or 0.0) + float(m.group(2))
+    return None if total is None else int(total)

@@ -81,9 +81,14 @@ def test_start_status_get_stop(ray_start_cluster):
     reader = [a for a in st["agents"].values() if a["objects_pulled"] == 1]
     server = [a for a in st["agents"].values() if a["bytes_leased"] >= 32 << 20]
     assert len(reader) == 1 and len(server) == 1 and len(reader[0]["peer_links"]) == 1, st
+    # The fabric's share of what came into the reader (Ray's own bytes from its metric, once the
+    # raylet has reported it: None before).
+    r = reader[0]
+    assert r["ray_bytes_received"] is None or r["coverage"] == r["bytes_pulled"] / (r["bytes_pulled"] +
+                                                                                  r["ray_bytes_received"]), r
     table = run(PY, "-m", "rayfabric", "status", "--address", address).stdout
     header, *lines = table.splitlines()
-    for column in ("peers", "MiB in", "MiB out", "MiB/s", "up s", "pinned MiB"):
+    for column in ("peers", "MiB in", "MiB out", "MiB/s", "up s", "pinned MiB", "Ray MiB in", "coverage"):
         assert column in header, header
     stop = run(PY, "-m", "rayfabric", "stop", "--address", address)
     assert "stopped 2 agent(s)" in stop.stdout

@@ -184,6 +184,11 @@ def test_a_prefetching_wait_brings_blocks_by_the_fabric_and_ray_moves_none(clust
     print(f"Ray's object manager on n2 received {moved_by_ray / MiB:.1f} MiB "
           f"(the hook-off blocks: {8 * BLOCK / MiB:.0f} MiB)")
     assert 8 * BLOCK <= moved_by_ray < 9 * BLOCK, moved_by_ray
+    # `rayfabric status` shows the same: Ray's bytes into n2 beside the fabric's, and the share.
+    shown = rayfabric.status()["agents"][n2]
+    assert shown["ray_bytes_received"] == int(ray_received(n2)), shown
+    assert shown["coverage"] == shown["bytes_pulled"] / (shown["bytes_pulled"] + shown["ray_bytes_received"])
+    assert 0 < shown["coverage"] < 1, shown
 
 
 @ray.remote(num_cpus=0)
