@@ -682,13 +682,23 @@ def _coverage(agents):
     ("ray_bytes_received", Ray's metric, None where it cannot be read) beside the fabric's, and
     "coverage" = fabric / (fabric + Ray's) of the bytes that came into the node from others, since
     the agent and the raylet started (None while nothing came in, or Ray's metric is unknown)."""
+    import concurrent.futures
+
     from rayfabric import metrics
 
-    nodes = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
-    for node, d in agents.items():
-        if not d.get("alive"):
-            continue
-        received = metrics.ray_bytes_received(nodes[node]) if node in nodes else None
-        d["ray_bytes_received"] = received
+    live = [node for node, d in agents.items() if d.get("alive")]
+    for node in live:
+        agents[node].update(ray_bytes_received=None, coverage=None)
+    try:
+        nodes = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
+    except Exception:  # noqa: BLE001 - the GCS unreachable: Ray's side unknown
+        return
+    # All nodes at once, 3 s in all: a node whose endpoint hangs is left unknown.
+    pool = concurrent.futures.ThreadPoolExecutor(max(1, min(16, len(live))))
+    futures = {pool.submit(metrics.ray_bytes_received, nodes[node]): node for node in live if node in nodes}
+    done, _ = concurrent.futures.wait(futures, timeout=3.0)
+    pool.shutdown(wait=False)
+    for future in done:
+        d, received = agents[futures[future]], future.result()
         moved = None if received is None else d["bytes_pulled"] + received
-        d["coverage"] = d["bytes_pulled"] / moved if moved else None
+        d.update(ray_bytes_received=received, coverage=d["bytes_pulled"] / moved if moved else None)

@@ -188,11 +188,11 @@ def ray_bytes_received(node, timeout=2.0):
     try:
         text = urllib.request.urlopen(f"http://{node['NodeManagerAddress']}:{port}/metrics",
                                       timeout=timeout).read().decode()
-    except (OSError, ValueError):
+        total = None
+        for line in text.splitlines():
+            m = re.match(r'^ray_object_manager_bytes\{(.*)\} (\S+)$', line)
+            if m and 'Type="Received"' in m.group(1):
+                total = (total or 0.0) + float(m.group(2))
+        return None if total is None else int(total)
+    except Exception:  # noqa: BLE001 - any broken or odd endpoint: unknown, never a failed status
         return None
-    total = None
-    for line in text.splitlines():
-        m = re.match(r'^ray_object_manager_bytes\{(.*)\} (\S+)$', line)
-        if m and 'Type="Received"' in m.group(1):
-            total = (total or 0.0) + float(m.group(2))
-    return None if total is None else int(total)

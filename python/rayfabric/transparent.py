@@ -35,14 +35,16 @@ def enable(arguments=True, waits=True):
     node of each call with a known one to pull its ObjectRef arguments, and (waits=True) pulls
     what ray.wait(fetch_local=True) waits for by the fabric (idempotent)."""
     global _original_get
+    # Read first: a bad value refuses before anything is replaced.
+    waits = waits and api._switch("RAYFABRIC_WAITS", "ray.wait(fetch_local=True) pulls by the fabric",
+                                  "ray.wait is Ray's alone")
     if _original_get is None:
         _original_get = api._ray_get
         ray.get = _get
     if arguments and os.environ.get("RAYFABRIC_ARGS", "1") != "0":
         from rayfabric import args
         args.install()
-    if waits and api._switch("RAYFABRIC_WAITS", "ray.wait(fetch_local=True) pulls by the fabric",
-                             "ray.wait is Ray's alone"):
+    if waits:
         from rayfabric import waits as waits_hook
         waits_hook.install()
     return True

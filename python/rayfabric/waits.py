@@ -36,11 +36,18 @@ _AGENT_RECHECK_S = 5.0  # whether this node has an agent, read again (in the bac
 # A result ready here before its owner (this process) knows where it was stored: looked at again
 # (see api._own_locations) for up to this long before it is left to Ray.
 _LOCATION_HOLD_S = 2.0
+# A pull still running after this (an agent that hangs, a huge object on a slow link) no longer
+# keeps its object from Ray's wait: Ray's pull then finds the agent's replica and waits for its
+# seal, or moves the object itself if the agent has not created it yet.
+_PULL_GRACE_S = 10.0
+_QUEUE_MAX = 256        # pulls waiting for a thread; past this, objects are Ray's to fetch
+_RAY_STEP_MIN_S = 0.05  # a wait that asks Ray to fetch asks at most every this (each ask is a raylet request)
+_WATCH_MAX = 10_000     # objects the watcher waits for at once (the rest: Ray's get fetches them)
 
 _lock = threading.Lock()
 _original_wait = None
 _jobs = None   # queue of (Future, ref) for the pull threads
-_pulling = {}  # object id (bytes) -> Future of the background pull bringing it
+_pulling = {}  # object id (bytes) -> (Future of the background pull bringing it, when queued)
 _settled = collections.OrderedDict()  # object id (bytes) -> None: its pull ended, or it is not the fabric's
 _held = {}     # object id (bytes) -> when first seen made with its location unknown
 _watch = None  # queue of refs a wait returned without (not made yet) for the watcher thread
@@ -72,6 +79,13 @@ def uninstall():
         if _original_wait is not None:
             ray.wait = _original_wait
             _original_wait = None
+            while True:  # queued pulls are dropped, not run (their objects are Ray's)
+                try:
+                    job = _jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    job[0].set_result(None)
             for _ in range(_PULL_THREADS):
                 _jobs.put(None)
             _watch.put(None)
@@ -81,7 +95,7 @@ def uninstall():
             _settled.clear()
             _held.clear()
             _node.clear()
-            _agent.update(here=None, at=0.0)
+            _agent.update(here=None, at=0.0, refreshing=False)
 
 
 def installed():
@@ -91,12 +105,15 @@ def installed():
 def _wait(ray_waitables, *, num_returns=1, timeout=None, fetch_local=True):
     original = _original_wait or api._ray_wait
     if not (_original_wait is not None and fetch_local and _distinct_refs(ray_waitables)
-            and 0 < num_returns <= len(ray_waitables) and (timeout is None or timeout >= 0)
-            and ray.is_initialized() and _agent_here()):
+            and 0 < num_returns <= len(ray_waitables) and (timeout is None or timeout >= 0)):
         return original(ray_waitables, num_returns=num_returns, timeout=timeout, fetch_local=fetch_local)
     refs = ray_waitables
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
+        # Ray Client's processes have no core worker: their waits are Ray's.
+        if (not ray.is_initialized() or getattr(ray._private.worker.global_worker, "core_worker", None) is None
+                or not _agent_here()):
+            return original(refs, num_returns=num_returns, timeout=timeout, fetch_local=True)
         return _fabric_wait(original, refs, num_returns, deadline)
     except Exception as e:  # noqa: BLE001 - never break ray.wait: the rest is Ray's
         api._fallback(f"ray.wait by the fabric failed: {type(e).__name__}: {e}", len(refs))
@@ -107,8 +124,10 @@ def _fabric_wait(original, refs, num_returns, deadline):
     pause = _POLL_FIRST_S
     while True:
         unmade, held = _start_pulls(original, refs)
+        now = time.monotonic()
         with _lock:
-            pulling = {r: _pulling[r.binary()] for r in refs if r.binary() in _pulling}
+            pulling = {r: _pulling[r.binary()][0] for r in refs
+                       if r.binary() in _pulling and now - _pulling[r.binary()][1] < _PULL_GRACE_S}
         if not pulling and not unmade and not held:
             # Everything is Ray's to fetch now (here, brought, small, or failed): Ray's own wait.
             return original(refs, num_returns=num_returns, timeout=_left(deadline), fetch_local=True)
@@ -128,7 +147,8 @@ def _fabric_wait(original, refs, num_returns, deadline):
         waiting_rays = [r for r in rays if r not in ready]
         if waiting_rays:
             # Ray fetches these only while asked to: the step is spent in its wait.
-            original(waiting_rays, num_returns=1, timeout=step, fetch_local=True)
+            original(waiting_rays, num_returns=1, timeout=max(step, min(_RAY_STEP_MIN_S, left or _RAY_STEP_MIN_S)),
+                     fetch_local=True)
         elif pulling:
             concurrent.futures.wait(list(pulling.values()), timeout=step,
                                     return_when=concurrent.futures.FIRST_COMPLETED)
@@ -164,6 +184,10 @@ def _start_pulls(original, refs):
         return [], []
     made, unmade = original(rest, num_returns=len(rest), timeout=0, fetch_local=False)
     pulls, held, now = [], [], time.monotonic()
+    if len(_held) > _SETTLED_MAX:  # results whose location never came, waits that raised
+        with _lock:
+            for i in [i for i, t in _held.items() if now - t > 2 * _LOCATION_HOLD_S]:
+                _held.pop(i, None)
     for r in made:
         loc = known.get(r)
         if loc is not None and not loc.get("node_ids") and not loc.get("did_spill"):
@@ -178,21 +202,26 @@ def _start_pulls(original, refs):
             continue
         pulls.append(r)
     _settle(rays)
+    overflow = []
     with _lock:
         for r in pulls:
             i = r.binary()
             _held.pop(i, None)
             if i in _pulling or i in _settled or _jobs is None:
                 continue
+            if _jobs.qsize() >= _QUEUE_MAX:
+                overflow.append(r)
+                continue
             future = concurrent.futures.Future()
-            _pulling[i] = future
+            _pulling[i] = (future, now)
             _jobs.put((future, r))
+    _settle(overflow)
     return unmade, held
 
 
 def _watch_for(refs):
     with _lock:
-        new = [r for r in refs if r.binary() not in _watched]
+        new = [r for r in refs if r.binary() not in _watched][:max(0, _WATCH_MAX - len(_watched))]
         if not new or _watch is None:
             return
         _watched.update(r.binary() for r in new)
@@ -235,6 +264,8 @@ def _watch_loop(watch, original):
             api._fallback(f"ray.wait's watcher failed: {type(e).__name__}: {e}", len(pending))
             with _lock:
                 _watched.difference_update(pending)
+                for i in pending:
+                    _held.pop(i, None)
             pending.clear()
 
 
