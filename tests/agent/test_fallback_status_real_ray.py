@@ -112,10 +112,11 @@ def test_status_shows_each_nodes_fallbacks(cluster):
     assert st[nodes["n2"]]["fallback_reasons"] == {}, st[nodes["n2"]]
 
     header, *lines = cli(address).splitlines()
-    assert header.split()[-1] == "fallbacks", header
+    # The fallbacks column, then Ray's own bytes in and the fabric's share (one word each per row).
+    assert header.split()[-5:] == ["fallbacks", "Ray", "MiB", "in", "coverage"], header
     rows = {name: next(i for i, line in enumerate(lines) if line.startswith(nodes[name][:12])) for name in NODES}
     for name in NODES:
-        assert lines[rows[name]].split()[-1] == str(want[name]), lines[rows[name]]
+        assert lines[rows[name]].split()[-3] == str(want[name]), lines[rows[name]]
     # Under each node's row, its reasons.
     n0_block = lines[rows["n0"] + 1:min(r for r in list(rows.values()) + [len(lines)] if r > rows["n0"])]
     assert f"to Ray's path: 1 object(s): {NO_SHARED}" in [line.strip() for line in n0_block], n0_block
