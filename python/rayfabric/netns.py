@@ -142,6 +142,17 @@ if sorted(now) == sorted(widened.split()):
 """
 
 
+def read_allowed_congestion(path=ALLOWED_CONGESTION):
+    """The names net.ipv4.tcp_allowed_congestion_control lists (what namespaces may choose)."""
+    with open(path) as f:
+        return f.read().split()
+
+
+def write_allowed_congestion(names, path=ALLOWED_CONGESTION):
+    with open(path, "w") as f:
+        f.write(" ".join(names))
+
+
 class CongestionAllowed:
     """Makes TCP congestion control `name` (one the kernel has: tcp_available_congestion_control)
     choosable in network namespaces for as long as it is entered: a namespace other than the
@@ -161,8 +172,7 @@ class CongestionAllowed:
         self._janitor = None
 
     def _read(self):
-        with open(self.path) as f:
-            return f.read().split()
+        return read_allowed_congestion(self.path)
 
     def __enter__(self):
         return self.apply()
@@ -185,8 +195,7 @@ class CongestionAllowed:
                                           wanted], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL, start_new_session=True, text=True)
         try:
-            with open(self.path, "w") as f:
-                f.write(wanted)
+            write_allowed_congestion(self.widened_to, self.path)
             if self.name not in self._read():
                 raise OSError(f"the kernel did not take it (it lists {' '.join(self._read())})")
         except OSError as e:

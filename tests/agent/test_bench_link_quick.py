@@ -21,17 +21,9 @@ import pytest
 from rayfabric import bench_link, netns
 
 ROOT = Path(__file__).resolve().parents[2]
-ALLOWED = netns.ALLOWED_CONGESTION
 
 
-def read_allowed():
-    with open(ALLOWED) as f:
-        return f.read().split()
-
-
-def write_allowed(names):
-    with open(ALLOWED, "w") as f:
-        f.write(" ".join(names))
+read_allowed, write_allowed = netns.read_allowed_congestion, netns.write_allowed_congestion
 
 
 @pytest.fixture

@@ -69,14 +69,7 @@ def test_one_the_kernel_has_is_not_refused_for_not_being_allowed_yet(monkeypatch
 ALLOWED = netns.ALLOWED_CONGESTION
 
 
-def read_allowed():
-    with open(ALLOWED) as f:
-        return f.read().split()
-
-
-def write_allowed(names):
-    with open(ALLOWED, "w") as f:
-        f.write(" ".join(names))
+read_allowed, write_allowed = netns.read_allowed_congestion, netns.write_allowed_congestion
 
 
 @pytest.fixture
