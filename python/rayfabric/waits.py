@@ -189,17 +189,18 @@ def _start_pulls(original, refs):
             for i in [i for i, t in _held.items() if now - t > 2 * _LOCATION_HOLD_S]:
                 _held.pop(i, None)
     for r in made:
+        if core_worker.object_exists(r):
+            # Here already: a value in this process (a small result inlined in its owner, made
+            # after `known` was read) or an object in this node's plasma. Ray's.
+            rays.append(r)
+            continue
         loc = known.get(r)
         if loc is not None and not loc.get("node_ids") and not loc.get("did_spill"):
-            # Owned, made, stored nowhere it knows of yet: its location is on its way (or it is a
-            # value here in this process: Ray's).
+            # Owned, made, stored nowhere it knows of yet: its location is on its way.
             first = _held.setdefault(r.binary(), now)
-            if not core_worker.object_exists(r) and now - first < _LOCATION_HOLD_S:
+            if now - first < _LOCATION_HOLD_S:
                 held.append(r)
                 continue
-        elif loc is None and core_worker.object_exists(r):
-            rays.append(r)  # borrowed, and here already
-            continue
         pulls.append(r)
     _settle(rays)
     overflow = []

@@ -886,7 +886,9 @@ def test_real_ray_session_store_size():
             "p = subprocess.run([sys.executable, sys.argv[1], '--json'], capture_output=True, text=True)\n"
             "ray.shutdown()\n"
             "print(p.stdout)\n")
-        env = dict(os.environ, RAY_TMPDIR=tmp)
+        # RAY_AUTH_MODE unset, a new local ray.init() turns token mode on and leaves a token in
+        # ~/.ray/auth_token, which every later `ray start --head` on this host then picks up.
+        env = dict(os.environ, RAY_TMPDIR=tmp, RAY_AUTH_MODE="disabled")
         p = subprocess.run([py, "-c", script, str(DOCTOR)], capture_output=True, text=True,
                            timeout=240, env=env)
         assert p.returncode == 0, p.stderr[-2000:]
