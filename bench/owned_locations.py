@@ -5,6 +5,9 @@ noise hits the three alike). Prints the median per get of each, and the ratios.
 
     RAYFABRIC_BIN_DIR=build PYTHONPATH=python python3 bench/owned_locations.py [--size 1M] [--gets 150]
 """
+import os
+
+os.environ["RAYFABRIC_AUTOLOAD"] = "0"  # the Ray side of the comparison is Ray alone
 import argparse
 import statistics
 import sys

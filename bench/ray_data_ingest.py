@@ -9,9 +9,11 @@ fabric / (fabric + Ray), and whether every batch was identical.
 
     RAYFABRIC_BIN_DIR=build PYTHONPATH=python python3 bench/ray_data_ingest.py [--blocks 32] [--block 16M] [--reps 5]
 """
+import os
+
+os.environ["RAYFABRIC_AUTOLOAD"] = "0"  # the Ray side of the comparison is Ray alone
 import argparse
 import hashlib
-import os
 import re
 import statistics
 import time

@@ -5,6 +5,8 @@
     python3 bench/ray_vs_rayfabric.py [--quick] [--json FILE] [--plots DIR] [--address ADDR] ...
 """
 import os
+
+os.environ["RAYFABRIC_AUTOLOAD"] = "0"  # the Ray side of the comparison is Ray alone
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))

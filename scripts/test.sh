@@ -16,6 +16,11 @@ host_state() {
     echo "network namespaces: $(ip netns list 2>/dev/null | awk '{print $1}' | sort | tr '\n' ' ')"
 }
 
+# A rayfabric installed on this host (scripts/demo.sh installs one) turns transparent mode on in
+# every Ray job of a cluster with agents: the suite's Ray-alone baselines must stay Ray's. The
+# tests of that start-up hook turn it back on for their own clusters.
+export RAYFABRIC_AUTOLOAD=0
+
 before=$(host_state)
 rc=0
 meson test -C build --print-errorlogs --num-processes 1 "$@" || rc=$?

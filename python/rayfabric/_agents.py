@@ -16,8 +16,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayfabric import bin_dir
 from rayfabric.doctor import agent_fabric_env
 
-NAMESPACE = "rayfabric"
-KV_PREFIX = "agent:"
+# Shared with _rayfabric_autoload (the start-up hook, which imports nothing of rayfabric).
+from _rayfabric_autoload import KV_AGENT_PREFIX as KV_PREFIX, KV_JOB_PREFIX, KV_NAMESPACE as NAMESPACE  # noqa: E402
 # Nodes where no agent could start (e.g. no provider that reaches other hosts), with the reason:
 # gets that involve them go Ray's path at once and say why.
 KV_UNAVAILABLE = "unavailable:"
@@ -306,6 +306,25 @@ def published():
         if value:
             out[key[len(KV_PREFIX):]] = json.loads(value)
     return out
+
+
+def jobs():
+    """[record] of the running jobs whose drivers said whether transparent mode is on in them
+    (_rayfabric_autoload.record_job), oldest first; the records of jobs that ended are deleted."""
+    try:
+        alive = {j["JobID"] for j in ray._private.state.state.job_table() if not j.get("IsDead")}
+    except Exception:  # noqa: BLE001 - the job table unreadable: say nothing rather than guess
+        return []
+    out = []
+    for key in internal_kv._internal_kv_list(KV_JOB_PREFIX, namespace=NAMESPACE):
+        key = key.decode() if isinstance(key, bytes) else key
+        if key[len(KV_JOB_PREFIX):] not in alive:
+            internal_kv._internal_kv_del(key, namespace=NAMESPACE)
+            continue
+        value = internal_kv._internal_kv_get(key, namespace=NAMESPACE)
+        if value:
+            out.append(json.loads(value))
+    return sorted(out, key=lambda r: r.get("started", 0))
 
 
 class NodeWatcher(threading.Thread):

@@ -17,8 +17,9 @@ log = logging.getLogger("rayfabric")
 
 # ray.get as it was at import: transparent mode replaces ray.get, and rayfabric.get must not
 # call itself through it.
-_ray_get = ray.get
-_ray_wait = ray.wait  # as _ray_get: transparent mode replaces ray.wait (rayfabric.waits)
+# Ray's own (under the start-up hook's look-again wrappers, if a process has them: _rayfabric_autoload).
+_ray_get = getattr(ray.get, "_rayfabric_original", ray.get)
+_ray_wait = getattr(ray.wait, "_rayfabric_original", ray.wait)  # as _ray_get: transparent mode replaces ray.wait (rayfabric.waits)
 
 # Objects smaller than this go through Ray's own path (a pull's fixed cost is not worth it) ...
 MIN_OBJECT_BYTES = int(os.environ.get("RAYFABRIC_MIN_OBJECT_BYTES", str(64 << 10)))
@@ -649,7 +650,8 @@ def stats():
 
 
 def status(timeout=10):
-    """{"agents": {node_hex: {counters...}}, "local": stats()} from every published agent."""
+    """{"agents": {node_hex: {counters...}}, "jobs": [running jobs that said whether transparent
+    mode is on in them], "local": stats()} from every published agent."""
     out = {}
     for node, rec in _agents.published().items():
         try:
@@ -674,7 +676,7 @@ def status(timeout=10):
     for node, why in _agents.unavailable().items():
         out.setdefault(node, {"alive": False, "error": "no agent could start here: " + why[:300]})
     _coverage(out)
-    return {"agents": out, "local": stats()}
+    return {"agents": out, "jobs": _agents.jobs(), "local": stats()}
 
 
 def _coverage(agents):

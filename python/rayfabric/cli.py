@@ -11,6 +11,7 @@
 start is idempotent: run it again after nodes join (agents that run are kept)."""
 import argparse
 import json
+import os
 import sys
 
 
@@ -63,9 +64,17 @@ def _print_status(st):
                   f"{link['pulls_failed']} failed" + (f" ({link['last_error'][:80]})" if link["last_error"] else ""))
         for reason, n in sorted((a.get("fallback_reasons") or {}).items(), key=lambda kv: (-kv[1], kv[0])):
             print(f"{'':14s} to Ray's path: {n} object(s): {reason}")
+    # Which running jobs have transparent mode (the installed package turns it on in every job of
+    # a cluster with agents; RAYFABRIC_AUTOLOAD=0 keeps a job out), and which keep Ray's path.
+    for job in st.get("jobs") or []:
+        print(f"job {job['job_id']}: transparent mode {job['mode']} (driver pid {job['pid']} on "
+              f"{job['node_id'][:12]}: {job['entrypoint'][:80]})")
 
 
 def main(argv=None):
+    # rayfabric's own programs measure against Ray alone and turn transparent mode on where they
+    # mean to: the installed package's autoload stays out of their jobs (drivers and workers).
+    os.environ["RAYFABRIC_AUTOLOAD"] = "0"
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="rayfabric", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

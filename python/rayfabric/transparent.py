@@ -47,7 +47,20 @@ def enable(arguments=True, waits=True):
     if waits:
         from rayfabric import waits as waits_hook
         waits_hook.install()
+    _record_driver("on: rayfabric.transparent.enable()")
     return True
+
+
+def _record_driver(mode):
+    """A driver's job says in the cluster's KV that it has transparent mode (`rayfabric status`)."""
+    worker = ray._private.worker.global_worker
+    if getattr(worker, "mode", None) != ray._private.worker.SCRIPT_MODE or not ray.is_initialized():
+        return
+    try:
+        import _rayfabric_autoload
+        _rayfabric_autoload.record_job(mode)
+    except Exception as e:  # noqa: BLE001 - a missing record changes no transfer
+        api.log.debug("rayfabric: the job's record was not written: %s", e)
 
 
 def disable():
