@@ -3,42 +3,47 @@
 The installed package puts `rayfabric-autoload.pth` into site-packages; Python runs its one line
 at start-up in every process of that environment: `import _rayfabric_autoload` (this file: the
 standard library only, no Ray, no rayfabric) and at_startup(), which puts a finder in front of
-sys.meta_path that waits for `import ray`. Nothing else happens in a process that never imports
-Ray, and the finder leaves once Ray is imported. When Ray has been imported:
+sys.meta_path that waits for `import ray` (for any other import it compares one name). Nothing
+else happens in a process that never imports Ray. Once Ray's package has been executed:
 
-- in a Ray worker process (Ray's default_worker.py): the worker's setup hook (the one
-  `runtime_env={"worker_process_setup_hook": ...}` sets, an environment variable Ray reads after
-  the worker connects) becomes worker_setup() below, which first runs the job's own setup hook if
-  it has one, then turns transparent mode on if the cluster has rayfabric agents;
+- in a Ray worker process (Ray's default_worker.py): the worker's setup hook (the environment
+  variable through which Ray runs a job's `worker_process_setup_hook` once the worker has
+  connected) becomes worker_setup() below, which first runs the job's own setup hook if it has
+  one, then turns transparent mode on if the cluster has rayfabric agents and the job did not opt
+  out;
 - in any other process: ray.init is wrapped; once it has connected a driver, driver_setup() turns
   transparent mode on if the cluster has agents, and writes the job's record (`rayfabric status`
-  lists which jobs have it).
+  lists which jobs have it, and the job's workers read an opt-out from it).
 
-A cluster without agents sees no change: one read of the cluster's KV per process, then nothing
-(no rayfabric import, no message). A job opts out with RAYFABRIC_AUTOLOAD=0 in its driver's
-environment or in its runtime_env's env_vars: either way the driver and all the job's workers
-stay Ray's alone (the driver's setting reaches the workers through the job's runtime_env:
-Ray's RAY_RUNTIME_ENV_HOOK, set only while that ray.init runs). rayfabric.transparent.enable()
-still turns it on where a program asks for it. Not reached: `python -S`/`-I` (no site-packages
-start-up), drivers under `uv run` (Ray skips runtime-env hooks there), Ray Client's client side."""
+A cluster without agents sees no change in behaviour: one read of the cluster's KV per process
+(a worker looks once more at its first ray.get/ray.wait: Ray may have started it long before its
+job), no rayfabric import, no message, the job's runtime_env untouched. A job opts out with
+RAYFABRIC_AUTOLOAD=0 in its driver's environment (the driver's record then says so to the job's
+workers, which read it before they turn anything on) or in its runtime_env's env_vars (the
+workers' own environment). rayfabric.transparent.enable() still turns it on where a program asks.
+Left alone: Ray's own processes (namespaces `_ray_internal*`, ray.init(_skip_env_hook=True)),
+rayfabric's own commands (namespaces `rayfabric*`), Ray's spill/restore workers, Ray Client's
+client side, `python -S`/`-I`."""
 import os
 import sys
+import time
 
 SWITCH = "RAYFABRIC_AUTOLOAD"
-KV_NAMESPACE = "rayfabric"  # rayfabric._agents keeps its records under these
+# rayfabric._agents keeps its records under these (tests/python/test_autoload.py checks they agree;
+# this file imports nothing of rayfabric).
+KV_NAMESPACE = "rayfabric"
 KV_AGENT_PREFIX = "agent:"
 KV_JOB_PREFIX = "job:"
 _WORKER_HOOK = "_rayfabric_autoload.worker_setup"
-_ENV_HOOK = "_rayfabric_autoload.runtime_env_hook"
-_CHAINED_SETUP = "RAYFABRIC_AUTOLOAD_CHAINED_SETUP_HOOK"    # the job's own worker setup hook
-_CHAINED_ENV_HOOK = "RAYFABRIC_AUTOLOAD_CHAINED_ENV_HOOK"  # a RAY_RUNTIME_ENV_HOOK set before ours
+_CHAINED_SETUP = "RAYFABRIC_AUTOLOAD_CHAINED_SETUP_HOOK"  # the job's own worker setup hook
 _OFF_VALUES = ("0", "false", "no", "off")
 _ON_VALUES = ("", "1", "true", "yes", "on")
+_LEFT_ALONE = ("_ray_internal", "rayfabric")  # namespaces: Ray's own processes, rayfabric's commands
 _said = set()
 
 
 def at_startup():
-    """From the .pth file: never raises, costs one environment read and one list insert."""
+    """From the .pth file: never raises, costs one list insert."""
     try:
         if "ray" not in sys.modules and not any(isinstance(f, _RayFinder) for f in sys.meta_path):
             sys.meta_path.insert(0, _RayFinder())
@@ -65,45 +70,54 @@ def _say(message):
 
 
 class _RayFinder:
-    """Finds nothing itself: for `ray` it asks the finders behind it and wraps the loader so that
-    _after_ray_import runs once `ray` has been executed."""
+    """Finds nothing itself: for `ray` it asks the finders behind it and hands out the spec with
+    its loader wrapped, so that _after_ray_import runs once `ray` has been executed. It stays
+    (every other name: one comparison), so that a find_spec("ray") that only probes whether Ray
+    is installed does not use it up, and importlib.reload(ray) wraps the new ray.init too."""
 
     def find_spec(self, name, path=None, target=None):
         if name != "ray":
             return None
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
         for finder in sys.meta_path:
+            if finder is self:
+                continue
             find = getattr(finder, "find_spec", None)
             spec = find(name, path, target) if find else None
             if spec is not None:
                 break
         else:
             return None
-        loader = spec.loader
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        exec_module = loader.exec_module
-
-        def exec_then_hook(module):
-            exec_module(module)
-            try:
-                _after_ray_import(module)
-            except Exception as e:  # noqa: BLE001 - Ray works as if rayfabric were not installed
-                _say(f"transparent mode not set up in this process: {type(e).__name__}: {e}")
-
-        loader.exec_module = exec_then_hook
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _HookedLoader(spec.loader)
         return spec
+
+
+class _HookedLoader:
+    """Ray's own loader, and _after_ray_import once it has executed `ray` (a reload too)."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def __getattr__(self, name):  # get_resource_reader, is_package, get_filename, ...
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        try:
+            _after_ray_import(module)
+        except Exception as e:  # noqa: BLE001 - Ray works as if rayfabric were not installed
+            _say(f"transparent mode not set up in this process: {type(e).__name__}: {e}")
 
 
 def _after_ray_import(ray):
     if os.path.basename(sys.argv[0] if sys.argv else "") == "default_worker.py":
         from ray._private import ray_constants
         name = getattr(ray_constants, "WORKER_PROCESS_SETUP_HOOK_ENV_VAR", None)
-        if name is None:  # a Ray without worker setup hooks (< 2.8)
-            return
+        if name is None or any(a.endswith(("SPILL_WORKER", "RESTORE_WORKER")) for a in sys.argv):
+            return  # a Ray without worker setup hooks (< 2.8), or one of Ray's spill/restore workers
         theirs = os.environ.get(name)
         if theirs and theirs != _WORKER_HOOK:
             os.environ[_CHAINED_SETUP] = theirs
@@ -116,54 +130,18 @@ def _after_ray_import(ray):
 
     @functools.wraps(init)
     def autoload_init(*args, **kwargs):
-        # Turned off in the driver's environment: the job's runtime_env carries it to the workers.
-        hook_set = off(os.environ) and _set_env_hook()
-        try:
-            context = init(*args, **kwargs)
-        finally:
-            if hook_set:
-                _unset_env_hook()
-        driver_setup()
+        context = init(*args, **kwargs)
+        if not kwargs.get("_skip_env_hook"):  # Ray's own processes (the dashboard, Client's proxy)
+            driver_setup()
         return context
 
     autoload_init._rayfabric_autoload = True
     ray.init = autoload_init
 
 
-def _set_env_hook():
-    theirs = os.environ.get("RAY_RUNTIME_ENV_HOOK")
-    if theirs == _ENV_HOOK:
-        return False
-    if theirs:
-        os.environ[_CHAINED_ENV_HOOK] = theirs
-    os.environ["RAY_RUNTIME_ENV_HOOK"] = _ENV_HOOK
-    return True
-
-
-def _unset_env_hook():
-    theirs = os.environ.pop(_CHAINED_ENV_HOOK, None)
-    if theirs:
-        os.environ["RAY_RUNTIME_ENV_HOOK"] = theirs
-    else:
-        os.environ.pop("RAY_RUNTIME_ENV_HOOK", None)
-
-
-def runtime_env_hook(runtime_env):
-    """RAY_RUNTIME_ENV_HOOK while an opted-out driver's ray.init runs: the job's runtime_env gets
-    RAYFABRIC_AUTOLOAD=0 (unless it says otherwise), so that its workers stay Ray's too."""
-    theirs = os.environ.get(_CHAINED_ENV_HOOK)
-    if theirs:
-        module, _, attr = theirs.rpartition(".")
-        runtime_env = getattr(__import__(module, fromlist=[attr]), attr)(runtime_env)
-    env = dict(runtime_env or {})
-    env_vars = dict(env.get("env_vars") or {})
-    env_vars.setdefault(SWITCH, "0")
-    env["env_vars"] = env_vars
-    return env
-
-
 def worker_setup():
-    """The worker setup hook of every Ray worker (see the module's doc)."""
+    """The worker setup hook of every Ray worker (see the module's doc). Raises only for the
+    job's own hook, as Ray would."""
     from ray._private import ray_constants
     name = ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR
     theirs = os.environ.pop(_CHAINED_SETUP, None)
@@ -177,8 +155,15 @@ def worker_setup():
         error = load_and_execute_setup_hook(theirs)
         if error is not None:
             raise RuntimeError(error)  # Ray ends the worker with the job's own hook's error
-    if not off(os.environ):
-        _turn_on() or _arm()
+    try:
+        if off(os.environ) or _left_alone():
+            return
+        if not _agents_published():
+            _arm()  # a worker Ray started before the agents (or before its job) looks again later
+        elif not _job_opted_out():
+            _turn_on()
+    except Exception as e:  # noqa: BLE001 - the worker runs on Ray's path
+        _say(f"transparent mode not turned on in this worker: {type(e).__name__}: {e}")
 
 
 def driver_setup():
@@ -189,20 +174,31 @@ def driver_setup():
         worker = ray._private.worker.global_worker
         if getattr(worker, "mode", None) != ray._private.worker.SCRIPT_MODE or getattr(worker, "core_worker", None) is None:
             return  # Ray Client, or not connected
-        if (ray.get_runtime_context().namespace or "").startswith("rayfabric"):
-            return  # rayfabric's own commands (rayfabric-cli, rayfabric-bench) choose for themselves
-        job_env = (ray.get_runtime_context().runtime_env or {}).get("env_vars") or {}
-        why_off = next((where for where, env in (("the driver's environment", os.environ),
-                                                  ("the job's runtime_env", job_env)) if off(env)), None)
-        if not _agents_published():
-            if why_off is None:
-                _arm()  # a cluster without rayfabric: nothing changes unless agents start later
+        if _left_alone():
             return
-        on = why_off is None and _turn_on()
-        record_job("on: the installed package (autoload)" if on else
-                   f"off: {SWITCH}=0 in {why_off}" if why_off else "off: transparent mode could not start")
+        job_env = (ray.get_runtime_context().runtime_env or {}).get("env_vars") or {}
+        if off(job_env):
+            # Its workers have it in their environment; the record is for `rayfabric status`.
+            if _agents_published():
+                record_job(f"off: {SWITCH}=0 in the job's runtime_env")
+            return
+        if off(os.environ):
+            # Written even where no agent runs yet: the job's workers read it before turning on.
+            record_job(f"off: {SWITCH}=0 in the driver's environment")
+            return
+        if not _agents_published():
+            _arm()  # a cluster without rayfabric: nothing changes unless agents start later
+        elif _turn_on():
+            record_job("on: the installed package (autoload)")
+        else:
+            record_job("off: transparent mode could not start (see the driver's stderr)")
     except Exception as e:  # noqa: BLE001 - the job runs on Ray's path
         _say(f"transparent mode not turned on in this driver: {type(e).__name__}: {e}")
+
+
+def _left_alone():
+    import ray
+    return (ray.get_runtime_context().namespace or "").startswith(_LEFT_ALONE)
 
 
 def _agents_published():
@@ -210,23 +206,38 @@ def _agents_published():
     return bool(internal_kv._internal_kv_list(KV_AGENT_PREFIX, namespace=KV_NAMESPACE))
 
 
+def _job_opted_out():
+    """Whether this worker's job's driver said RAYFABRIC_AUTOLOAD=0 (its record)."""
+    import json
+
+    import ray
+    from ray.experimental import internal_kv
+    value = internal_kv._internal_kv_get(KV_JOB_PREFIX + ray.get_runtime_context().get_job_id(),
+                                         namespace=KV_NAMESPACE)
+    return bool(value) and json.loads(value).get("mode", "").startswith("off")
+
+
 # A process that found no agents (a worker Ray started before `rayfabric start`, or long before
 # its job: Ray prestarts workers) looks again at its first ray.get or ray.wait, waiting at most
-# _FIRST_WAIT_S for the cluster's KV (else that call is Ray's); after that in the background, the
-# caller never waits, every _RECHECK_FIRST_S at first, doubling up to _RECHECK_MAX_S.
+# _FIRST_WAIT_S for the cluster's KV where the call may block anyway (a get, a wait with a timeout,
+# outside an event loop; else it looks in the background and the call is Ray's); after that in the
+# background only, the caller never waits, every _RECHECK_FIRST_S at first, doubling up to
+# _RECHECK_MAX_S, and only while the process calls get or wait.
 _FIRST_WAIT_S = 1.0
 _RECHECK_FIRST_S = 5.0
 _RECHECK_MAX_S = 60.0
-_armed = {"originals": {}, "at": 0.0, "every": 0.0, "check": None}
+_armed = {"originals": {}, "at": 0.0, "every": 0.0, "check": None, "targets": None}
 
 
 def _arm():
-    """ray.get and ray.wait, unchanged, but each looks (see _RECHECK_S) whether agents have started;
-    once they have, transparent mode replaces both. The wrappers keep Ray's names and module."""
+    """ray.get and ray.wait, unchanged, but each looks (see _FIRST_WAIT_S) whether agents have
+    started; once they have, transparent mode replaces both, and the wrappers (a reference someone
+    kept) call what replaced them, as looked up then, never ray.<name> again: whatever wraps them
+    later cannot make them call themselves."""
     import functools
 
     import ray
-    _armed.update(at=0.0, every=0.0)  # the first call looks at once: a worker may wait long for its first task
+    _armed.update(at=0.0, every=0.0, targets=None)
     for name in ("get", "wait"):
         original = getattr(ray, name)
         if getattr(original, "_rayfabric_original", None) is not None:
@@ -234,61 +245,90 @@ def _arm():
         _armed["originals"][name] = original
 
         def armed(*args, _name=name, _original=original, **kwargs):
-            current = getattr(ray, _name)
-            if getattr(current, "_rayfabric_original", None) is None:
-                return current(*args, **kwargs)  # transparent mode took over (a reference kept from before)
-            _look_again()
-            current = getattr(ray, _name)
-            target = _original if getattr(current, "_rayfabric_original", None) is not None else current
-            return target(*args, **kwargs)
+            if _armed["targets"] is None and (_armed["check"] is not None
+                                              or time.monotonic() - _armed["at"] >= _armed["every"]):
+                _look_again(_may_wait(_name, args, kwargs))
+            targets = _armed["targets"]
+            return (targets[_name] if targets else _original)(*args, **kwargs)
 
         functools.update_wrapper(armed, original)
         armed._rayfabric_original = original
         setattr(ray, name, armed)
 
 
-def _disarm():
-    import ray
-    for name, original in _armed["originals"].items():
-        if getattr(getattr(ray, name), "_rayfabric_original", None) is original:
-            setattr(ray, name, original)
-    _armed["originals"].clear()
+def _may_wait(name, args, kwargs):
+    """Whether the call blocks anyway: a get, or a wait with a timeout other than 0, outside a
+    running event loop."""
+    if name == "wait" and kwargs.get("timeout", None if len(args) < 3 else args[2]) == 0:
+        return False
+    try:
+        import asyncio
+        asyncio.get_running_loop()
+        return False
+    except RuntimeError:
+        return True
 
 
-def _look_again():
+def _look_again(wait):
     import threading
-    import time
     with _armed.setdefault("lock", threading.Lock()):
-        first = _armed["every"] == 0.0
-        if _armed["check"] is not None or time.monotonic() - _armed["at"] < _armed["every"]:
-            return
-        _armed["every"] = min(_RECHECK_MAX_S, 2 * _armed["every"] or _RECHECK_FIRST_S)
-        check = threading.Thread(target=_check_and_turn_on, name="rayfabric-autoload", daemon=True)
-        _armed["check"] = check
-        check.start()
-    if first:
+        check, started, first = _armed["check"], False, _armed["every"] == 0.0
+        if check is None:
+            if not first and time.monotonic() - _armed["at"] < _armed["every"]:
+                return
+            _armed["every"] = min(_RECHECK_MAX_S, 2 * _armed["every"] or _RECHECK_FIRST_S)
+            _armed["at"] = time.monotonic()
+            check = threading.Thread(target=_check_and_turn_on, name="rayfabric-autoload", daemon=True)
+            _armed["check"], started = check, True
+            check.start()
+    # A call that blocks anyway waits for the first look, and for a look already in flight (it may
+    # be turning transparent mode on); a later look it starts itself runs in the background.
+    if wait and (first or not started):
         check.join(_FIRST_WAIT_S)
 
 
 def _check_and_turn_on():
     try:
-        if _agents_published():
-            _disarm()
-            on = _turn_on()
-            import ray
-            if on and ray._private.worker.global_worker.mode == ray._private.worker.SCRIPT_MODE:
-                record_job("on: the installed package (autoload; agents started after the driver)")
+        import ray
+        if not _agents_published():
+            return
+        if ray._private.worker.global_worker.mode == ray._private.worker.SCRIPT_MODE:
+            driver = True  # (a driver that opted out never armed)
+        else:
+            driver = False
+            if _job_opted_out():
+                _disarm({})
+                return
+        # The wrappers stay in place meanwhile (importing rayfabric takes a moment): a call that
+        # may block waits for this (_look_again), the others are Ray's until it is done.
+        on = _turn_on()
+        targets = {}
+        if on:  # what transparent mode put in place (not ray.<name>: that may wrap a wrapper of ours)
+            from rayfabric import transparent, waits
+            targets = {"get": transparent._get, **({"wait": waits._wait} if waits.installed() else {})}
+        _disarm(targets)
+        if driver:
+            record_job("on: the installed package (autoload; agents started after the driver)" if on else
+                       "off: transparent mode could not start (see the driver's stderr)")
     except Exception as e:  # noqa: BLE001 - Ray's path
         _say(f"transparent mode not turned on in this process: {type(e).__name__}: {e}")
     finally:
-        import time
         _armed.update(at=time.monotonic(), check=None)
+
+
+def _disarm(targets):
+    """Ray's own ray.get/ray.wait back where they are still the wrappers; `targets` (Ray's own
+    for what it leaves out) for the wrappers someone kept; None: not yet."""
+    import ray
+    for name, original in _armed["originals"].items():
+        if getattr(getattr(ray, name), "_rayfabric_original", None) is original:
+            setattr(ray, name, original)
+    if targets is not None:
+        _armed["targets"] = {name: targets.get(name, original) for name, original in _armed["originals"].items()}
 
 
 def _turn_on():
     try:
-        if not _agents_published():
-            return False
         from rayfabric import transparent
         return bool(transparent.enable())
     except Exception as e:  # noqa: BLE001 - Ray's path, said once
@@ -297,10 +337,10 @@ def _turn_on():
 
 
 def record_job(mode):
-    """This driver's job in the cluster's KV, for `rayfabric status`: whether transparent mode is
-    on and how (a driver's own transparent.enable() records itself too)."""
+    """This driver's job in the cluster's KV, for `rayfabric status` and for the job's workers:
+    whether transparent mode is on and how (a driver's own transparent.enable() records itself
+    too)."""
     import json
-    import time
 
     import ray
     from ray.experimental import internal_kv

@@ -16,8 +16,10 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayfabric import bin_dir
 from rayfabric.doctor import agent_fabric_env
 
-# Shared with _rayfabric_autoload (the start-up hook, which imports nothing of rayfabric).
-from _rayfabric_autoload import KV_AGENT_PREFIX as KV_PREFIX, KV_JOB_PREFIX, KV_NAMESPACE as NAMESPACE  # noqa: E402
+# The start-up hook (_rayfabric_autoload, which imports nothing of rayfabric) reads these too.
+NAMESPACE = "rayfabric"
+KV_PREFIX = "agent:"
+KV_JOB_PREFIX = "job:"  # a driver's job: whether transparent mode is on in it (rayfabric status)
 # Nodes where no agent could start (e.g. no provider that reaches other hosts), with the reason:
 # gets that involve them go Ray's path at once and say why.
 KV_UNAVAILABLE = "unavailable:"
@@ -124,12 +126,25 @@ class NodeAgent:
 
     def prefetch(self, wrapped_refs, claim=False, claim_wait_s=2.0):
         """Pulls call arguments bound for this node into its store by the fabric (rayfabric.args).
-        claim=False: in the background, as soon as each exists; returns at once. claim=True (the
-        arguments exist): returns once this node's agent has claimed them (their replicas are
-        created, so Ray's own pull waits for the agent's), the reads going on."""
+        claim=False: in the background, as soon as each exists; returns at once. The arguments
+        exist and the call waits: claim="sealed" returns once they are read into this node's store
+        (Ray's own pull then finds them here), or after claim_wait_s, the reads going on;
+        claim=True returns once this node's agent has claimed them (created their replicas: Ray's
+        pull does not wait for those, it moves the objects too)."""
         import concurrent.futures
         from rayfabric import api
         refs = wrapped_refs[0]
+        if claim == "sealed":
+            if getattr(self, "_pool", None) is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="rayfabric-args")
+
+            def pull_all():
+                try:
+                    api.prefetch(refs, timeout=api.PULL_TIMEOUT_S)
+                except Exception as e:  # noqa: BLE001 - counted; Ray's own pull delivers
+                    api._fallback(f"argument prefetch failed: {type(e).__name__}: {e}", len(refs))
+            concurrent.futures.wait([self._pool.submit(pull_all)], timeout=claim_wait_s)
+            return len(refs)
         if claim:
             try:
                 # Answered within claim_wait_s (what is not claimed by then is left to race Ray's
@@ -311,12 +326,14 @@ def published():
 def jobs():
     """[record] of the running jobs whose drivers said whether transparent mode is on in them
     (_rayfabric_autoload.record_job), oldest first; the records of jobs that ended are deleted."""
+    # The records first, then the job table: a job that starts in between is not taken for ended.
+    keys = internal_kv._internal_kv_list(KV_JOB_PREFIX, namespace=NAMESPACE)
     try:
         alive = {j["JobID"] for j in ray._private.state.state.job_table() if not j.get("IsDead")}
     except Exception:  # noqa: BLE001 - the job table unreadable: say nothing rather than guess
         return []
     out = []
-    for key in internal_kv._internal_kv_list(KV_JOB_PREFIX, namespace=NAMESPACE):
+    for key in keys:
         key = key.decode() if isinstance(key, bytes) else key
         if key[len(KV_JOB_PREFIX):] not in alive:
             internal_kv._internal_kv_del(key, namespace=NAMESPACE)

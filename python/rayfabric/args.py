@@ -36,6 +36,17 @@ _CACHE_S = 30.0  # an actor's or a placement group's node, and a node's NodeAgen
 # How long a call waits for the destination to claim its existing arguments (0: never waits; the
 # prefetch then races Ray's own pull, which it loses almost always: docs/agent.md).
 CLAIM_WAIT_S = float(os.environ.get("RAYFABRIC_ARGS_CLAIM_WAIT_S", "2"))
+# What a call with ready arguments waits for (at most CLAIM_WAIT_S) before it is submitted:
+# "sealed" (the default): the destination's agent has read them into its store, so that Ray's own
+# pull, which starts when the call arrives, finds them there and moves nothing; "claimed": their
+# replicas are created (the call goes on sooner, but Ray's pull does not wait for an unsealed
+# replica: it moves the object too and the destination throws its chunks away, issue 30).
+WAIT_FOR = {"sealed": "sealed", "claimed": True}
+_wait_for = os.environ.get("RAYFABRIC_ARGS_WAIT_FOR", "sealed").strip().lower()
+if _wait_for not in WAIT_FOR:
+    raise ValueError(f"RAYFABRIC_ARGS_WAIT_FOR={_wait_for!r}: use sealed (the default: a call waits until its "
+                     f"arguments are in the destination's store) or claimed (until their replicas are created)")
+CLAIM_MODE = WAIT_FOR[_wait_for]
 _lock = threading.Lock()
 _installed = {}
 _paused = threading.local()
@@ -145,15 +156,16 @@ def _prefetch_to(node_hex, refs):
         api._count("args_no_agent", len(refs))
         return
     # Arguments that exist: the call waits (at most CLAIM_WAIT_S) until the destination's agent
-    # has claimed them, so that Ray's own pull, which starts when the call arrives, finds the
-    # replica being created and waits for it instead of racing it. Arguments still being computed:
-    # asked for without waiting (pulled when they exist; the call is not delayed).
+    # has read them into its store (RAYFABRIC_ARGS_WAIT_FOR, above), so that Ray's own pull, which
+    # starts when the call arrives, finds them there. Arguments still being computed: asked for
+    # without waiting (pulled when they exist; the call is not delayed).
     ready, pending = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
     if ready:
         # Only what is worth a pull (as rayfabric.get decides): not on the destination already,
         # not tiny; a call with nothing of the kind pays no round trip.
         core_worker = ray._private.worker.global_worker.core_worker
-        # No wait for a location not known yet: such an argument is asked for anyway (below).
+        # No wait for a location not known yet: such an argument (its size known) is asked for
+        # anyway (the destination's agent finds where it is).
         locations = api._locations(core_worker, ready, wait=False)
         worth = [r for r in ready if node_hex not in (locations.get(r) or {}).get("node_ids", [node_hex])
                  and (locations.get(r) or {}).get("object_size", 0) >= api.MIN_OBJECT_BYTES]
@@ -165,7 +177,7 @@ def _prefetch_to(node_hex, refs):
     if ready and CLAIM_WAIT_S > 0 and _may_block():
         try:
             # Ray's own get (transparent mode's would try to pull the reply).
-            api._ray_get(agent.prefetch.remote([ready], True, CLAIM_WAIT_S), timeout=CLAIM_WAIT_S + 1)
+            api._ray_get(agent.prefetch.remote([ready], CLAIM_MODE, CLAIM_WAIT_S), timeout=CLAIM_WAIT_S + 1)
             api._count("args_claim_waited", len(ready))
         except Exception as e:  # noqa: BLE001 - a slow or dead NodeAgent: the call goes on
             api._count("args_claim_timeouts", len(ready))

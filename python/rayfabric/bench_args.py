@@ -83,6 +83,22 @@ def delta(a, b):
     return {k: b[k] - a[k] for k in a}
 
 
+def ray_received(node_hex):
+    """Ray's own object manager's received bytes on that node (its metric), None if unknown."""
+    from rayfabric import metrics
+    node = next((n for n in ray.nodes() if n["NodeID"] == node_hex), None)
+    return None if node is None else metrics.ray_bytes_received(node)
+
+
+def _mean_received(rows):
+    got = [r["ray_received"] for r in rows if r.get("ray_received") is not None]
+    return sum(got) / len(got) if got else None
+
+
+def _mib(n):
+    return "-" if n is None else f"{n / MiB:.1f}"
+
+
 def run_rl(steps, batch_bytes, seed0, use_fabric):
     from rayfabric import args
     rollouts = [Rollout.options(resources={"rollout": 0.01}).remote() for _ in range(4)]
@@ -169,10 +185,19 @@ def main(argv=None):
     p.add_argument("--block-mib", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--cases", default="rl,map,actor,pg,default")
+    p.add_argument("--wait-for", default="sealed",
+                   help="what a call with ready arguments waits for before it is submitted, a comma list run side "
+                        "by side: sealed (the default: the arguments are in the destination's store, so Ray's pull "
+                        "finds them there) or claimed (their replicas created: Ray's pull races the read)")
     p.add_argument("--json")
     a = p.parse_args(argv)
+    modes = a.wait_for.split(",")
+    if not modes or any(m not in ("sealed", "claimed") for m in modes):
+        p.error(f"--wait-for {a.wait_for}: a comma list of sealed, claimed")
     import rayfabric
-    from rayfabric import transparent
+    from rayfabric import args as args_hook, transparent
+    # Ray's own object manager's received bytes per node (its metric), reported every second.
+    os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")
     cluster = None
     env = transparent.runtime_env()
     if a.address:
@@ -204,21 +229,29 @@ def main(argv=None):
                     print(f"default   (Ray only) round {rnd}: {seconds:7.3f} s; {local}/{a.blocks} tasks ran on "
                           f"the node holding their block", flush=True)
                     continue
-                for path in ("ray", "rayfabric"):
-                    use = path == "rayfabric"
+                for path in ["ray"] + [f"rayfabric-{m}" for m in modes]:
+                    use = path != "ray"
+                    if use:
+                        args_hook.CLAIM_MODE = args_hook.WAIT_FOR[path.split("-", 1)[1]]
                     before = prefetch_outcomes(dest[case])
+                    ray_before = ray_received(dest[case])
                     seed0 = 1000 * (rnd + 1) + (500 if use else 0)
                     if case == "rl":
                         seconds, ok, nbytes = run_rl(a.steps, a.batch_mib * MiB, seed0, use)
                     else:
                         seconds, ok, nbytes = run_map(a.blocks, a.block_mib * MiB, seed0, use, case)
-                    time.sleep(1.0)  # let the prefetches that lost report
+                    time.sleep(2.5)  # let the prefetches that lost report, and Ray's metric
+                    ray_after = ray_received(dest[case])
                     row = {"case": case, "path": path, "round": rnd, "seconds": seconds, "ok": ok,
                            "bytes": nbytes, "gbps": nbytes / seconds / 1e9,
-                           "outcomes": delta(before, prefetch_outcomes(dest[case]))}
+                           "outcomes": delta(before, prefetch_outcomes(dest[case])),
+                           # what Ray's own object manager received at the destination meanwhile
+                           # (chunks it threw away for an object the agent was creating included)
+                           "ray_received": None if None in (ray_before, ray_after) else ray_after - ray_before}
                     rows.append(row)
-                    print(f"{case:4s} {path:9s} round {rnd}: {seconds:7.3f} s {row['gbps']:6.3f} GB/s "
-                          f"verified={ok} agent: {row['outcomes']}", flush=True)
+                    print(f"{case:4s} {path:17s} round {rnd}: {seconds:7.3f} s {row['gbps']:6.3f} GB/s "
+                          f"verified={ok} Ray received {_mib(row['ray_received'])} MiB agent: {row['outcomes']}",
+                          flush=True)
     finally:
         transparent.disable()
         rayfabric.shutdown()
@@ -228,18 +261,24 @@ def main(argv=None):
     print()
     # won: the destination's agent moved the argument (claimed before the call, or pulled first);
     # lost: Ray's own pull was first (the agent stood aside, or found it created or already here).
-    print(f"{'case':5s} {'Ray s':>8s} {'rf s':>8s} {'rf/Ray':>7s} {'won':>5s} {'lost':>5s}")
+    # Ray MiB: what Ray's own object manager received at the destination, per round (the argument
+    # bytes for Ray's path; for rayfabric's, the bytes it moved too: ~0 when no byte crosses twice).
+    print(f"{'case':5s} {'path':17s} {'Ray s':>8s} {'rf s':>8s} {'rf/Ray':>7s} {'won':>5s} {'lost':>5s} "
+          f"{'Ray MiB':>8s}")
     for case in a.cases.split(","):
         if case == "default":
             continue
-        ray_s = [r["seconds"] for r in rows if r["case"] == case and r["path"] == "ray"]
-        rf = [r for r in rows if r["case"] == case and r["path"] == "rayfabric"]
-        rf_s = [r["seconds"] for r in rf]
-        won = sum(r["outcomes"]["objects_pulled"] + r["outcomes"]["claimed"] for r in rf)
-        lost = sum(r["outcomes"]["stood_aside"] + r["outcomes"]["already_local"] + r["outcomes"]["already_here"]
-                   for r in rf)
-        mean_ray, mean_rf = sum(ray_s) / len(ray_s), sum(rf_s) / len(rf_s)
-        print(f"{case:5s} {mean_ray:8.3f} {mean_rf:8.3f} {mean_ray / mean_rf:7.2f} {won:5d} {lost:5d}")
+        ray_rows = [r for r in rows if r["case"] == case and r["path"] == "ray"]
+        mean_ray = sum(r["seconds"] for r in ray_rows) / len(ray_rows)
+        print(f"{case:5s} {'ray':17s} {mean_ray:8.3f} {'':8s} {'':7s} {'':5s} {'':5s} {_mib(_mean_received(ray_rows)):>8s}")
+        for mode in modes:
+            rf = [r for r in rows if r["case"] == case and r["path"] == f"rayfabric-{mode}"]
+            mean_rf = sum(r["seconds"] for r in rf) / len(rf)
+            won = sum(r["outcomes"]["objects_pulled"] + r["outcomes"]["claimed"] for r in rf)
+            lost = sum(r["outcomes"]["stood_aside"] + r["outcomes"]["already_local"] + r["outcomes"]["already_here"]
+                       for r in rf)
+            print(f"{case:5s} {'rayfabric-' + mode:17s} {'':8s} {mean_rf:8.3f} {mean_ray / mean_rf:7.2f} {won:5d} "
+                  f"{lost:5d} {_mib(_mean_received(rf)):>8s}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"args": vars(a), "rows": rows}, f, indent=1)

@@ -72,9 +72,6 @@ def _print_status(st):
 
 
 def main(argv=None):
-    # rayfabric's own programs measure against Ray alone and turn transparent mode on where they
-    # mean to: the installed package's autoload stays out of their jobs (drivers and workers).
-    os.environ["RAYFABRIC_AUTOLOAD"] = "0"
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="rayfabric", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -93,6 +90,10 @@ def main(argv=None):
     sub.add_parser("bench-args", help="call arguments: Ray alone vs rayfabric.args", add_help=False)
     if argv and argv[0] in ("demo", "doctor", "bench", "bench-args"):
         rest = argv[1:]
+        # rayfabric's own programs measure against Ray alone and turn transparent mode on where
+        # they mean to: the installed package's start-up hook stays out of their jobs (drivers, and
+        # the workers of the clusters they start or, through the driver's record, join).
+        os.environ["RAYFABRIC_AUTOLOAD"] = "0"
         if argv[0] == "bench-args":
             from rayfabric import bench_args
             return bench_args.main(rest)

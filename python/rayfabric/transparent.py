@@ -27,7 +27,8 @@ def _get(object_refs, *, timeout=None):
             api.prefetch(refs, timeout=timeout)
         except Exception as e:  # noqa: BLE001 - never break ray.get
             api._fallback(f"transparent prefetch failed: {type(e).__name__}: {e}")
-    return _original_get(object_refs, timeout=timeout)
+    # (_original_get is None once disabled: a reference to _get kept from before is Ray's get.)
+    return (_original_get or api._ray_get)(object_refs, timeout=timeout)
 
 
 def enable(arguments=True, waits=True):

@@ -8,13 +8,14 @@ starts the cluster and the agents and reads their counters.
 
 Every driver is tests/agent/plain_driver.py (it never mentions rayfabric): a 64 MiB result made
 on n1 fetched on n0, another passed to an actor on n0. Each case checks the bytes the agents
-pulled, the bytes' digests, and which ray.get the driver and the actor run:
+pulled, the bytes' digests, and the mode of the driver and the actor (plain_driver.py):
   * a job with its own worker_process_setup_hook: theirs runs, and transparent mode too;
   * a cluster with its own RAY_RUNTIME_ENV_HOOK: kept, with autoload on and off;
   * the opt-out in the job's runtime_env (RAYFABRIC_AUTOLOAD=0 in env_vars): the driver and its
     workers stay Ray's; `rayfabric status` lists the job as off, and why;
   * `ray job submit`: the entrypoint's driver is in transparent mode, its bytes by the fabric;
-  * Ray Data's iter_batches in an actor (its prefetching ray.wait): blocks by the fabric."""
+  * Ray Data's iter_batches in an actor (its prefetching ray.wait): blocks by the fabric;
+  * a driver connected before the agents started: Ray's path, then the fabric's."""
 import json
 import os
 import shutil
@@ -35,8 +36,8 @@ MiB = 1 << 20
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 DRIVER = os.path.join(HERE, "plain_driver.py")
-ON = ["True", "True", "rayfabric.transparent", "rayfabric.transparent"]
-OFF = ["True", "True", "ray._private.worker", "ray._private.worker"]
+ON = ["True", "True", "transparent", "transparent"]
+OFF = ["True", "True", "ray", "ray"]
 
 
 def _free_port():
@@ -165,7 +166,9 @@ def block(i):
 class Trainer:
     def consume(self, ds):
         sums = [int(b["x"][0].sum()) for b in ds.iter_batches(batch_size=1, batch_format="numpy", prefetch_batches=4)]
-        return sums, ray.get.__module__
+        import sys
+        transparent = sys.modules.get("rayfabric.transparent")
+        return sums, "transparent" if transparent is not None and transparent.enabled() else "ray"
 blocks = [block.remote(i) for i in range(12)]
 ray.wait(blocks, num_returns=len(blocks), fetch_local=False)
 ds = ray.data.from_pandas_refs(blocks)
@@ -180,5 +183,27 @@ def test_ray_data_iter_batches_without_an_import(cluster):
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     (line,) = [x for x in out.stdout.splitlines() if x.startswith("DATA")]
-    assert line.split()[1:] == ["True", "rayfabric.transparent"], out.stdout[-2000:] + out.stderr[-2000:]
+    assert line.split()[1:] == ["True", "transparent"], out.stdout[-2000:] + out.stderr[-2000:]
     assert fabric_bytes() - before >= 0.9 * 12 * 8 * MiB, fabric_bytes() - before
+
+
+def test_a_driver_connected_before_the_agents_started(cluster):
+    """A notebook connected before `rayfabric start`: Ray's path, then transparent mode once the
+    agents are there (its next gets look again), listed as such."""
+    rayfabric.shutdown()
+    try:
+        p = subprocess.Popen([sys.executable, DRIVER, cluster["address"], "--wait-stdin", "--second-round"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = p.stdout.readline()
+        assert line.split()[1:] == ["True", "True", "armed", "armed", "-"], line + p.stderr.read()[-2000:]
+    finally:
+        rayfabric.init(watch_new_nodes=False)
+    before = fabric_bytes()
+    try:
+        out, err = p.communicate("\n", timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 0, err[-3000:]
+    (second,) = [x for x in out.splitlines() if x.startswith("RESULT2")]
+    assert second.split()[1:4] == ["True", "True", "transparent"], (second, err[-2000:])
+    assert fabric_bytes() - before >= 2 * 64 * MiB

@@ -171,9 +171,10 @@ def test_a_job_that_never_mentions_rayfabric(venv):
         run(venv, *ray_cli, "start", "--head", "--port", str(port), "--temp-dir", os.path.join(venv["root"], "ray2"),
             "--include-dashboard", "false", "--resources", json.dumps({"h": 10}), *common)
         run(venv, *ray_cli, "start", "--address", address, "--resources", json.dumps({"w": 10}), *common)
-        # No agents: the job runs as it would without rayfabric (Ray's ray.get, no word from rayfabric).
+        # No agents: the job runs as it would without rayfabric (Ray's path, rayfabric not even
+        # imported, no word from it); its driver and actor only look for agents at their gets.
         result, err, _ = _plain_job(venv, address)
-        assert result == ["True", "True", "ray._private.worker", "ray._private.worker", "-"], result
+        assert result == ["True", "True", "armed", "armed", "-"], result
         assert "rayfabric" not in err, err[-2000:]
         start = run(venv, cli, "start", "--address", address, "--provider", "tcp;ofi_rxm")
         assert "2 agent(s) running" in start.stdout, start.stdout
@@ -182,25 +183,25 @@ def test_a_job_that_never_mentions_rayfabric(venv):
         before, _ = _fabric_bytes(venv, cli, address)
         result, err, st = _plain_job(venv, address, cli)
         after, _ = _fabric_bytes(venv, cli, address)
-        assert result == ["True", "True", "rayfabric.transparent", "rayfabric.transparent", "-"], (result, err[-2000:])
+        assert result == ["True", "True", "transparent", "transparent", "-"], (result, err[-2000:])
         assert after - before >= 2 * (64 << 20), (before, after, err[-2000:])
         (job,) = st["jobs"]
         assert job["mode"] == "on: the installed package (autoload)", st["jobs"]
         # Opted out in the driver's environment: the driver and the job's workers keep Ray's path.
         result, err, st = _plain_job(venv, address, cli, env={"RAYFABRIC_AUTOLOAD": "0"})
         again, _ = _fabric_bytes(venv, cli, address)
-        assert result == ["True", "True", "ray._private.worker", "ray._private.worker", "-"], (result, err[-2000:])
+        assert result == ["True", "True", "ray", "ray", "-"], (result, err[-2000:])
         assert again == after, (after, again)
         assert [j["mode"] for j in st["jobs"]] == ["off: RAYFABRIC_AUTOLOAD=0 in the driver's environment"], st
         # A value that is neither on nor off keeps it off, and says so.
         result, err, _ = _plain_job(venv, address, env={"RAYFABRIC_AUTOLOAD": "maybe"})
-        assert result[2:] == ["ray._private.worker", "ray._private.worker", "-"], result
+        assert result[2:] == ["ray", "ray", "-"], result
         assert "RAYFABRIC_AUTOLOAD='maybe' is neither 1 nor 0" in err, err[-2000:]
         stop = run(venv, cli, "stop", "--address", address)
         assert "stopped 2 agent(s)" in stop.stdout
         # Agents stopped: Ray's path again, silently.
         result, err, _ = _plain_job(venv, address)
-        assert result == ["True", "True", "ray._private.worker", "ray._private.worker", "-"], result
+        assert result == ["True", "True", "armed", "armed", "-"], result
         assert "rayfabric" not in err, err[-2000:]
     finally:
         run(venv, *ray_cli, "stop", "--force", check=False)

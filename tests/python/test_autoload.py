@@ -2,8 +2,10 @@
 runs it as site-packages' rayfabric-autoload.pth does (no cluster: test_autoload_real_ray and
 test_wheel_install run it on real ones): the finder waits for `import ray` and leaves; a process
 that never imports Ray keeps neither Ray nor rayfabric; in a Ray worker the setup hook is ours and
-chains the job's; elsewhere ray.init is wrapped; the opt-out's values; the runtime_env the opt-out
-gives a job, chaining a cluster's own RAY_RUNTIME_ENV_HOOK, and that hook set only during ray.init."""
+chains the job's (not in spill/restore workers); elsewhere ray.init is wrapped; a probe for Ray
+and a reload; the wrappers of a process without agents, wrapped again by someone else; which calls
+may wait for the first look; the opt-out's values; the KV names shared with rayfabric; a .pth
+whose module is missing."""
 import os
 import subprocess
 import sys
@@ -34,11 +36,11 @@ def test_a_process_that_never_imports_ray_keeps_nothing_of_it():
     assert out == ["False", "False", "1", "1"] and err == ""
 
 
-def test_a_driver_gets_a_wrapped_init_and_the_finder_leaves():
+def test_a_driver_gets_a_wrapped_init_and_nothing_of_rayfabric():
     out, _ = run("import sys, ray\n"
                  "print(getattr(ray.init, '_rayfabric_autoload', False), ray.init.__name__, "
-                 "any(type(f).__name__ == '_RayFinder' for f in sys.meta_path), 'rayfabric' in sys.modules)")
-    assert out == ["True", "init", "False", "False"]
+                 "'rayfabric' in sys.modules)")
+    assert out == ["True", "init", "False"]
 
 
 def test_a_worker_runs_our_setup_hook_and_chains_the_jobs():
@@ -49,6 +51,10 @@ def test_a_worker_runs_our_setup_hook_and_chains_the_jobs():
     assert out == ["_rayfabric_autoload.worker_setup", "None", "False"]
     out, _ = run(code, argv0=worker, env={"__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR": "their.hook"})
     assert out == ["_rayfabric_autoload.worker_setup", "their.hook", "False"]
+    # Ray's spill/restore workers are left alone.
+    out, _ = run(code.replace("import os, ray", "import os, sys; sys.argv.append('--worker-type=SPILL_WORKER'); import ray"),
+                 argv0=worker)
+    assert out == ["None", "None", "False"]
 
 
 def test_the_opt_out_values():
@@ -60,28 +66,51 @@ def test_the_opt_out_values():
     assert err.count("RAYFABRIC_AUTOLOAD='maybe' is neither 1 nor 0: transparent mode stays off") == 1, err
 
 
-def test_the_opt_out_reaches_the_jobs_workers_through_its_runtime_env():
-    out, _ = run("import json\n"
-                 "print(json.dumps(m.runtime_env_hook(None)))\n"
-                 "print(json.dumps(m.runtime_env_hook({'env_vars': {'A': '1'}, 'pip': ['x']}), sort_keys=True))\n"
-                 "print(json.dumps(m.runtime_env_hook({'env_vars': {'RAYFABRIC_AUTOLOAD': '1'}})))")
-    assert out == ['{"env_vars":', '{"RAYFABRIC_AUTOLOAD":', '"0"}}',
-                   '{"env_vars":', '{"A":', '"1",', '"RAYFABRIC_AUTOLOAD":', '"0"},', '"pip":', '["x"]}',
-                   '{"env_vars":', '{"RAYFABRIC_AUTOLOAD":', '"1"}}']
+def test_a_probe_for_ray_does_not_use_the_hook_up_and_a_reload_keeps_it():
+    out, _ = run("import importlib, importlib.util, sys\n"
+                 "spec = importlib.util.find_spec('ray')\n"  # "is Ray installed?"
+                 "import ray\n"
+                 "print(getattr(ray.init, '_rayfabric_autoload', False), type(ray.__spec__.loader).__name__, "
+                 "ray.__spec__.loader.is_package('ray'))\n"
+                 "importlib.reload(ray)\n"
+                 "print(getattr(ray.init, '_rayfabric_autoload', False))")
+    assert out == ["True", "_HookedLoader", "True", "True"]
 
 
-def test_a_clusters_own_runtime_env_hook_is_chained_and_given_back():
-    hook_dir = Path(__file__).resolve().parents[1] / "agent"
-    code = ("import os, json, sys\n"
-            f"sys.path.insert(0, {str(hook_dir)!r})\n"
-            "print(m._set_env_hook(), os.environ['RAY_RUNTIME_ENV_HOOK'])\n"
-            "print(m._set_env_hook())\n"  # already ours: nothing to set back twice
-            "print(json.dumps(m.runtime_env_hook({}), sort_keys=True))\n"
-            "m._unset_env_hook()\n"
-            "print(os.environ.get('RAY_RUNTIME_ENV_HOOK'), os.environ.get('RAYFABRIC_AUTOLOAD_CHAINED_ENV_HOOK'))")
-    out, _ = run(code, env={"RAY_RUNTIME_ENV_HOOK": "autoload_user_hooks.runtime_env_hook"})
-    assert out == ["True", "_rayfabric_autoload.runtime_env_hook", "False",
-                   '{"env_vars":', '{"MARKER":', '"their-env-hook",', '"RAYFABRIC_AUTOLOAD":', '"0"}}',
-                   "autoload_user_hooks.runtime_env_hook", "None"]
-    out, _ = run(code.replace("autoload_user_hooks", "x"))  # none before: none after
-    assert out[-2:] == ["None", "None"]
+def test_the_wrappers_of_a_process_without_agents_never_call_themselves():
+    """Armed (no agents yet), then wrapped by someone else (a profiler, rayfabric's own bench), then
+    handed what replaced them: a call through the outer wrapper reaches the replacement once."""
+    out, _ = run("import ray\n"
+                 "originals = (ray.get, ray.wait)\n"
+                 "m._arm()\n"
+                 "print(ray.get._rayfabric_original is originals[0], ray.wait.__name__, ray.wait.__module__)\n"
+                 "inner = ray.wait\n"
+                 "ray.wait = lambda *a, **k: inner(*a, **k)\n"
+                 "calls = []\n"
+                 "m._disarm({'wait': lambda *a, **k: calls.append(a) or 'replaced'})\n"
+                 "print(ray.wait('x'), len(calls), ray.get is originals[0])")
+    assert out == ["True", "wait", "ray._private.worker", "replaced", "1", "True"]
+
+
+def test_which_calls_may_wait_for_the_first_look():
+    out, _ = run("print(m._may_wait('get', ([],), {}), m._may_wait('wait', ([],), {'timeout': 0}), "
+                 "m._may_wait('wait', ([],), {'timeout': 1}), m._may_wait('wait', ([],), {}))\n"
+                 "import asyncio\n"
+                 "async def f():\n"
+                 "    return m._may_wait('get', ([],), {})\n"
+                 "print(asyncio.run(f()))")
+    assert out == ["True", "False", "True", "True", "False"]
+
+
+def test_the_kv_names_agree_with_rayfabrics():
+    out, _ = run("from rayfabric import _agents\n"
+                 "print((m.KV_NAMESPACE, m.KV_AGENT_PREFIX, m.KV_JOB_PREFIX) == "
+                 "(_agents.NAMESPACE, _agents.KV_PREFIX, _agents.KV_JOB_PREFIX))")
+    assert out == ["True"]
+
+
+def test_a_pth_whose_module_is_missing_says_nothing():
+    pth = (Path(__file__).resolve().parents[2] / "python" / "rayfabric-autoload.pth").read_text()
+    out = subprocess.run([sys.executable, "-c", pth], capture_output=True, text=True,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, timeout=60)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
