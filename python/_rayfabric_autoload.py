@@ -9,15 +9,16 @@ else happens in a process that never imports Ray. Once Ray's package has been ex
 - in a Ray worker process (Ray's default_worker.py): the worker's setup hook (the environment
   variable through which Ray runs a job's `worker_process_setup_hook` once the worker has
   connected) becomes worker_setup() below, which first runs the job's own setup hook if it has
-  one, then turns transparent mode on if the cluster has rayfabric agents and the job did not opt
-  out;
+  one, then wraps ray.get/ray.wait: at the worker's first call of either (inside a task, when its
+  job is known) they turn transparent mode on if the cluster has rayfabric agents and the job did
+  not opt out;
 - in any other process: ray.init is wrapped; once it has connected a driver, driver_setup() turns
   transparent mode on if the cluster has agents, and writes the job's record (`rayfabric status`
   lists which jobs have it, and the job's workers read an opt-out from it).
 
 A cluster without agents sees no change in behaviour: one read of the cluster's KV per process
-(a worker looks once more at its first ray.get/ray.wait: Ray may have started it long before its
-job), no rayfabric import, no message, the job's runtime_env untouched. A job opts out with
+(a driver's at connect, a worker's at its first ray.get/ray.wait), no rayfabric import, no message,
+the job's runtime_env untouched. A job opts out with
 RAYFABRIC_AUTOLOAD=0 in its driver's environment (the driver's record then says so to the job's
 workers, which read it before they turn anything on) or in its runtime_env's env_vars (the
 workers' own environment). rayfabric.transparent.enable() still turns it on where a program asks.
@@ -99,6 +100,8 @@ class _HookedLoader:
         self._loader = loader
 
     def __getattr__(self, name):  # get_resource_reader, is_package, get_filename, ...
+        if name == "_loader":  # (copy and unpickling look before __init__ has run)
+            raise AttributeError(name)
         return getattr(self._loader, name)
 
     def create_module(self, spec):
@@ -130,8 +133,9 @@ def _after_ray_import(ray):
 
     @functools.wraps(init)
     def autoload_init(*args, **kwargs):
+        connected = ray.is_initialized()  # (ignore_reinit_error=True: nothing new to set up)
         context = init(*args, **kwargs)
-        if not kwargs.get("_skip_env_hook"):  # Ray's own processes (the dashboard, Client's proxy)
+        if not connected and not kwargs.get("_skip_env_hook"):  # Ray's own processes: the dashboard, Client's proxy
             driver_setup()
         return context
 
@@ -155,12 +159,21 @@ def worker_setup():
         error = load_and_execute_setup_hook(theirs)
         if error is not None:
             raise RuntimeError(error)  # Ray ends the worker with the job's own hook's error
+    if off(os.environ):
+        return
+    # Nothing of the job's settings is read here: before its first task a worker has none yet, and
+    # Ray keeps the first answer it gives for good (the job's namespace, code search path and
+    # logging config would be lost). The job's id is in the worker's environment where Ray started
+    # the worker for a job; where it started it before any (nil: its first job's prestarted
+    # workers), the wrappers decide at the worker's first ray.get/ray.wait, inside a task.
+    job_id = os.environ.get("RAY_JOB_ID", "")
+    if not job_id.strip("f"):
+        _arm()
+        return
     try:
-        if off(os.environ) or _left_alone():
-            return
         if not _agents_published():
-            _arm()  # a worker Ray started before the agents (or before its job) looks again later
-        elif not _job_opted_out():
+            _arm()  # agents may start later
+        elif not _job_record(job_id).get("autoload_off"):
             _turn_on()
     except Exception as e:  # noqa: BLE001 - the worker runs on Ray's path
         _say(f"transparent mode not turned on in this worker: {type(e).__name__}: {e}")
@@ -174,17 +187,18 @@ def driver_setup():
         worker = ray._private.worker.global_worker
         if getattr(worker, "mode", None) != ray._private.worker.SCRIPT_MODE or getattr(worker, "core_worker", None) is None:
             return  # Ray Client, or not connected
-        if _left_alone():
-            return
         job_env = (ray.get_runtime_context().runtime_env or {}).get("env_vars") or {}
         if off(job_env):
             # Its workers have it in their environment; the record is for `rayfabric status`.
             if _agents_published():
-                record_job(f"off: {SWITCH}=0 in the job's runtime_env")
+                record_job(f"off: {SWITCH}=0 in the job's runtime_env", opted_out=True)
             return
         if off(os.environ):
-            # Written even where no agent runs yet: the job's workers read it before turning on.
-            record_job(f"off: {SWITCH}=0 in the driver's environment")
+            # Written even where no agent runs yet, before any task of the job exists: its workers
+            # read it before they turn anything on.
+            record_job(f"off: {SWITCH}=0 in the driver's environment", opted_out=True)
+            return
+        if _left_alone():
             return
         if not _agents_published():
             _arm()  # a cluster without rayfabric: nothing changes unless agents start later
@@ -206,23 +220,26 @@ def _agents_published():
     return bool(internal_kv._internal_kv_list(KV_AGENT_PREFIX, namespace=KV_NAMESPACE))
 
 
-def _job_opted_out():
-    """Whether this worker's job's driver said RAYFABRIC_AUTOLOAD=0 (its record)."""
+def _job_record(job_id):
     import json
 
-    import ray
     from ray.experimental import internal_kv
-    value = internal_kv._internal_kv_get(KV_JOB_PREFIX + ray.get_runtime_context().get_job_id(),
-                                         namespace=KV_NAMESPACE)
-    return bool(value) and json.loads(value).get("mode", "").startswith("off")
+    value = internal_kv._internal_kv_get(KV_JOB_PREFIX + job_id, namespace=KV_NAMESPACE)
+    return json.loads(value) if value else {}
 
 
-# A process that found no agents (a worker Ray started before `rayfabric start`, or long before
-# its job: Ray prestarts workers) looks again at its first ray.get or ray.wait, waiting at most
-# _FIRST_WAIT_S for the cluster's KV where the call may block anyway (a get, a wait with a timeout,
-# outside an event loop; else it looks in the background and the call is Ray's); after that in the
-# background only, the caller never waits, every _RECHECK_FIRST_S at first, doubling up to
-# _RECHECK_MAX_S, and only while the process calls get or wait.
+def _job_opted_out():
+    """Whether this worker's job's driver said RAYFABRIC_AUTOLOAD=0 (its record). Read inside a
+    task (the job is known then)."""
+    import ray
+    return bool(_job_record(ray.get_runtime_context().get_job_id()).get("autoload_off"))
+
+
+# A worker decides at its first ray.get or ray.wait, and a process that found no agents (a driver
+# connected before `rayfabric start`) looks again at its calls: the first look is waited for (at
+# most _FIRST_WAIT_S; not in an event loop, where that call is Ray's), later ones run in the
+# background (a call that blocks anyway waits for one in flight), every _RECHECK_FIRST_S at
+# first, doubling up to _RECHECK_MAX_S, and only while the process calls get or wait.
 _FIRST_WAIT_S = 1.0
 _RECHECK_FIRST_S = 5.0
 _RECHECK_MAX_S = 60.0
@@ -257,16 +274,17 @@ def _arm():
 
 
 def _may_wait(name, args, kwargs):
-    """Whether the call blocks anyway: a get, or a wait with a timeout other than 0, outside a
-    running event loop."""
-    if name == "wait" and kwargs.get("timeout", None if len(args) < 3 else args[2]) == 0:
-        return False
+    """How long the call may wait for a look: "first" (the first look only: a poll, timeout=0,
+    whose thread may pause once, as Ray Data's prefetch thread), "any" (a get or a wait with a
+    timeout other than 0: the first look and one in flight), or "" (in a running event loop:
+    never)."""
     try:
         import asyncio
         asyncio.get_running_loop()
-        return False
+        return ""
     except RuntimeError:
-        return True
+        pass
+    return "first" if kwargs.get("timeout") == 0 else "any"  # (get and wait take timeout as a keyword only)
 
 
 def _look_again(wait):
@@ -281,9 +299,10 @@ def _look_again(wait):
             check = threading.Thread(target=_check_and_turn_on, name="rayfabric-autoload", daemon=True)
             _armed["check"], started = check, True
             check.start()
-    # A call that blocks anyway waits for the first look, and for a look already in flight (it may
-    # be turning transparent mode on); a later look it starts itself runs in the background.
-    if wait and (first or not started):
+    # A call waits (at most _FIRST_WAIT_S) for the first look (its job's first objects should not
+    # go Ray's way for want of a look), and one that blocks anyway for a look already in flight (it
+    # may be turning transparent mode on); a later look it starts itself runs in the background.
+    if (wait and first) or (wait == "any" and not started):
         check.join(_FIRST_WAIT_S)
 
 
@@ -296,7 +315,8 @@ def _check_and_turn_on():
             driver = True  # (a driver that opted out never armed)
         else:
             driver = False
-            if _job_opted_out():
+            # In a task now: the job is known (see worker_setup).
+            if _left_alone() or _job_opted_out():
                 _disarm({})
                 return
         # The wrappers stay in place meanwhile (importing rayfabric takes a moment): a call that
@@ -336,16 +356,20 @@ def _turn_on():
         return False
 
 
-def record_job(mode):
+def record_job(mode, opted_out=None):
     """This driver's job in the cluster's KV, for `rayfabric status` and for the job's workers:
     whether transparent mode is on and how (a driver's own transparent.enable() records itself
-    too)."""
+    too), and (opted_out; None: as the record said) whether the job turned autoload off, which its
+    workers read."""
     import json
 
     import ray
     from ray.experimental import internal_kv
     context = ray.get_runtime_context()
-    record = {"job_id": context.get_job_id(), "mode": mode, "node_id": context.get_node_id(),
+    job_id = context.get_job_id()
+    if opted_out is None:
+        opted_out = bool(_job_record(job_id).get("autoload_off"))
+    record = {"job_id": job_id, "mode": mode, "autoload_off": opted_out, "node_id": context.get_node_id(),
               "pid": os.getpid(), "entrypoint": " ".join(sys.argv)[:200] or "(interactive)",
               "started": time.time()}
     internal_kv._internal_kv_put(KV_JOB_PREFIX + record["job_id"], json.dumps(record), overwrite=True,

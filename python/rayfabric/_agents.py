@@ -73,7 +73,13 @@ class NodeAgent:
     """Starts rayfabricd on its node and holds it: the agent exits with this actor's process."""
 
     def __init__(self, node_hex, provider=None, env=None):
+        import concurrent.futures
         self.args = (node_hex, provider, env)
+        # Argument reads (rayfabric.args): those calls wait for, one per call this actor serves at
+        # once (max_concurrency below), apart from those nobody waits for (arguments still being
+        # computed, each read waiting for its object to exist), which could otherwise fill them.
+        self._waited_reads = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="rayfabric-args-waited")
+        self._background_reads = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="rayfabric-args")
         self._launch(node_hex, provider, env)
         # The agent's counters in Ray's metrics (rayfabric.metrics), read from it by this process.
         from rayfabric import metrics
@@ -134,18 +140,7 @@ class NodeAgent:
         import concurrent.futures
         from rayfabric import api
         refs = wrapped_refs[0]
-        if claim == "sealed":
-            if getattr(self, "_pool", None) is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="rayfabric-args")
-
-            def pull_all():
-                try:
-                    api.prefetch(refs, timeout=api.PULL_TIMEOUT_S)
-                except Exception as e:  # noqa: BLE001 - counted; Ray's own pull delivers
-                    api._fallback(f"argument prefetch failed: {type(e).__name__}: {e}", len(refs))
-            concurrent.futures.wait([self._pool.submit(pull_all)], timeout=claim_wait_s)
-            return len(refs)
-        if claim:
+        if claim is True:
             try:
                 # Answered within claim_wait_s (what is not claimed by then is left to race Ray's
                 # pull); the reads themselves have the usual timeout.
@@ -153,16 +148,18 @@ class NodeAgent:
             except Exception as e:  # noqa: BLE001 - counted; Ray's own pull delivers
                 api._fallback(f"argument prefetch failed: {type(e).__name__}: {e}", len(refs))
             return len(refs)
-        if getattr(self, "_pool", None) is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="rayfabric-args")
 
         def pull():
             try:
                 api.prefetch(refs, timeout=api.PULL_TIMEOUT_S)
             except Exception as e:  # noqa: BLE001 - counted; Ray's own pull delivers
                 api._fallback(f"argument prefetch failed: {type(e).__name__}: {e}", len(refs))
-        self._pool.submit(pull)
-        return len(refs)
+        if claim != "sealed":
+            self._background_reads.submit(pull)
+            return len(refs)
+        done = self._waited_reads.submit(pull)
+        concurrent.futures.wait([done], timeout=claim_wait_s)
+        return len(refs) if done.done() else 0  # 0: not all in yet (the read goes on)
 
     def prefetch_stats(self):
         """What this node's argument prefetches did (its rayfabric.stats())."""
@@ -307,20 +304,26 @@ def stop_all():
     return stopped
 
 
-def published():
-    """{node_hex: record} of every agent that published its address, on nodes still alive (the
-    records of nodes that left are deleted: their agents went with them)."""
+def _live_records(prefix, keys, alive):
+    """{name: record} of the KV's `keys` under `prefix` whose name is in `alive`; the others are
+    deleted (what they describe has gone)."""
     out = {}
-    alive = set(alive_nodes())
-    for key in internal_kv._internal_kv_list(KV_PREFIX, namespace=NAMESPACE):
+    for key in keys:
         key = key.decode() if isinstance(key, bytes) else key
-        if key[len(KV_PREFIX):] not in alive:
+        if key[len(prefix):] not in alive:
             internal_kv._internal_kv_del(key, namespace=NAMESPACE)
             continue
         value = internal_kv._internal_kv_get(key, namespace=NAMESPACE)
         if value:
-            out[key[len(KV_PREFIX):]] = json.loads(value)
+            out[key[len(prefix):]] = json.loads(value)
     return out
+
+
+def published():
+    """{node_hex: record} of every agent that published its address, on nodes still alive (the
+    records of nodes that left are deleted: their agents went with them)."""
+    alive = set(alive_nodes())
+    return _live_records(KV_PREFIX, internal_kv._internal_kv_list(KV_PREFIX, namespace=NAMESPACE), alive)
 
 
 def jobs():
@@ -332,16 +335,7 @@ def jobs():
         alive = {j["JobID"] for j in ray._private.state.state.job_table() if not j.get("IsDead")}
     except Exception:  # noqa: BLE001 - the job table unreadable: say nothing rather than guess
         return []
-    out = []
-    for key in keys:
-        key = key.decode() if isinstance(key, bytes) else key
-        if key[len(KV_JOB_PREFIX):] not in alive:
-            internal_kv._internal_kv_del(key, namespace=NAMESPACE)
-            continue
-        value = internal_kv._internal_kv_get(key, namespace=NAMESPACE)
-        if value:
-            out.append(json.loads(value))
-    return sorted(out, key=lambda r: r.get("started", 0))
+    return sorted(_live_records(KV_JOB_PREFIX, keys, alive).values(), key=lambda r: r.get("started", 0))
 
 
 class NodeWatcher(threading.Thread):

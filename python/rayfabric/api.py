@@ -617,8 +617,9 @@ def _broadcast_holders(ref, deadline):
 
 def prefetch(refs, timeout=None, claim=False, answer_within_s=None):
     """Moves remote plasma objects into this node's store by the fabric; does not ray.get them.
-    claim=True: returns once this node's agent has claimed them (created their replicas, so that
-    Ray's own pull waits for the agent's); the reads go on."""
+    claim=True: returns once this node's agent has claimed them (created their replicas); the
+    reads go on (Ray's own pull does not wait for an unsealed replica: it moves such an object
+    too, so rayfabric.args waits for the seal by default)."""
     single = isinstance(refs, ray.ObjectRef)
     _pull([refs] if single else list(refs), timeout, claim, answer_within_s)
 

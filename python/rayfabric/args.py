@@ -11,10 +11,12 @@ rayfabric agent, then submits the call unchanged:
     on one node).
 
 The ask goes to the node's NodeAgent actor (the one that runs its rayfabricd), which pulls on its
-own node through the agent's local socket (Pull is never served to other hosts). Ray's own pull
-then finds the object sealed, or being created by the agent (Ray waits for that seal), or, if the
-agent failed, moves it itself: results and semantics stay Ray's in every case. An argument that
-does not exist yet is pulled as soon as it does, without delaying the call.
+own node through the agent's local socket (Pull is never served to other hosts). A call whose
+arguments exist waits (at most RAYFABRIC_ARGS_CLAIM_WAIT_S) until they are read into the
+destination's store, so that Ray's own pull finds them there and moves nothing; past the wait, or
+if the agent failed, Ray's pull moves them itself: results and semantics stay Ray's in every
+case. An argument that does not exist yet is pulled as soon as it does, without delaying the call
+(Ray's pull, which starts the moment it exists, then races the agent's).
 
 Tasks without a known destination (default or SPREAD scheduling) are left to Ray: its
 locality-aware scheduling runs them where their arguments are (docs/agent.md, "Arguments").
@@ -177,8 +179,9 @@ def _prefetch_to(node_hex, refs):
     if ready and CLAIM_WAIT_S > 0 and _may_block():
         try:
             # Ray's own get (transparent mode's would try to pull the reply).
-            api._ray_get(agent.prefetch.remote([ready], CLAIM_MODE, CLAIM_WAIT_S), timeout=CLAIM_WAIT_S + 1)
-            api._count("args_claim_waited", len(ready))
+            answered = api._ray_get(agent.prefetch.remote([ready], CLAIM_MODE, CLAIM_WAIT_S), timeout=CLAIM_WAIT_S + 1)
+            # (A wait for the seal answers 0 when its reads were not all done within the wait.)
+            api._count("args_claim_waited" if answered else "args_claim_timeouts", len(ready))
         except Exception as e:  # noqa: BLE001 - a slow or dead NodeAgent: the call goes on
             api._count("args_claim_timeouts", len(ready))
             log.debug("rayfabric: claim of %d arguments did not answer: %s", len(ready), e)

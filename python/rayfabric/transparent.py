@@ -19,16 +19,20 @@ from rayfabric import api
 _original_get = None
 
 
-def _get(object_refs, *, timeout=None):
+def _get(object_refs, *, timeout=None, **ray_options):
+    """ray.get in transparent mode. `ray_options`: Ray's own keywords (Ray 2.60's
+    _use_object_store, an RDT object by the object store), passed on; a get that sets one is Ray's
+    alone."""
     refs = object_refs
-    if isinstance(refs, ray.ObjectRef) or (isinstance(refs, (list, tuple)) and refs and
-                                           all(isinstance(r, ray.ObjectRef) for r in refs)):
+    if _original_get is None:  # disabled: a reference to _get kept from before is Ray's get
+        return api._ray_get(object_refs, timeout=timeout, **ray_options)
+    if not any(ray_options.values()) and (isinstance(refs, ray.ObjectRef) or (isinstance(refs, (list, tuple)) and refs and
+                                                                all(isinstance(r, ray.ObjectRef) for r in refs))):
         try:
             api.prefetch(refs, timeout=timeout)
         except Exception as e:  # noqa: BLE001 - never break ray.get
             api._fallback(f"transparent prefetch failed: {type(e).__name__}: {e}")
-    # (_original_get is None once disabled: a reference to _get kept from before is Ray's get.)
-    return (_original_get or api._ray_get)(object_refs, timeout=timeout)
+    return _original_get(object_refs, timeout=timeout, **ray_options)
 
 
 def enable(arguments=True, waits=True):
@@ -36,14 +40,16 @@ def enable(arguments=True, waits=True):
     node of each call with a known one to pull its ObjectRef arguments, and (waits=True) pulls
     what ray.wait(fetch_local=True) waits for by the fabric (idempotent)."""
     global _original_get
-    # Read first: a bad value refuses before anything is replaced.
+    # Read first (the settings of the hooks included): a bad value refuses before anything is replaced.
     waits = waits and api._switch("RAYFABRIC_WAITS", "ray.wait(fetch_local=True) pulls by the fabric",
                                   "ray.wait is Ray's alone")
+    arguments = arguments and os.environ.get("RAYFABRIC_ARGS", "1") != "0"
+    if arguments:
+        from rayfabric import args
     if _original_get is None:
         _original_get = api._ray_get
         ray.get = _get
-    if arguments and os.environ.get("RAYFABRIC_ARGS", "1") != "0":
-        from rayfabric import args
+    if arguments:
         args.install()
     if waits:
         from rayfabric import waits as waits_hook

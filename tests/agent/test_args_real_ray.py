@@ -122,17 +122,23 @@ def ray_received(node_hex):
     return received
 
 
+def learner_and_arguments(n1, sizes, seeds):
+    """A learner actor on n1, placed, and arguments made on n0, ready."""
+    learner = on("n1", Learner).remote()
+    assert ray.get(learner.ping.remote(), timeout=120) == n1
+    refs = [on("n0", produce).remote(n, s) for n, s in zip(sizes, seeds)]
+    ray.wait(refs, num_returns=len(refs), fetch_local=False, timeout=120)
+    return learner, refs
+
+
 def test_no_argument_byte_crosses_twice(cluster):
     """The default (RAYFABRIC_ARGS_WAIT_FOR=sealed): a call with ready arguments is submitted once
     they are in the destination's store, so Ray's own pull finds them there: the fabric moved every
     byte, Ray's object manager there none (with `claimed`, its pull raced the agent's read: 192-416
     of 512 MiB crossed twice, docs/benchmarks.md)."""
     n1 = cluster["nodes"]["n1"]
-    learner = on("n1", Learner).remote()
-    assert ray.get(learner.ping.remote(), timeout=120) == n1
     sizes, seeds = (16 * MiB, 16 * MiB, 32 * MiB), (51, 52, 53)
-    refs = [on("n0", produce).remote(n, s) for n, s in zip(sizes, seeds)]
-    ray.wait(refs, num_returns=len(refs), fetch_local=False, timeout=120)
+    learner, refs = learner_and_arguments(n1, sizes, seeds)
     assert rf_args.CLAIM_MODE == rf_args.WAIT_FOR["sealed"]
     before, agent_before, received_before = outcomes(n1), agent_counters(n1), ray_received(n1)
     out = [ray.get(learner.update.remote(r), timeout=180) for r in refs]
@@ -148,11 +154,8 @@ def test_no_argument_byte_crosses_twice(cluster):
 def test_actor_call_arguments_reach_the_actors_node(cluster):
     """RAYFABRIC_ARGS_WAIT_FOR=claimed: the call waits until the replicas are created only."""
     n1 = cluster["nodes"]["n1"]
-    learner = on("n1", Learner).remote()
-    assert ray.get(learner.ping.remote(), timeout=120) == n1
     sizes, seeds = (1 * MiB, 8 * MiB, 64 * MiB), (11, 12, 13)
-    refs = [on("n0", produce).remote(n, s) for n, s in zip(sizes, seeds)]
-    ray.wait(refs, num_returns=len(refs), fetch_local=False, timeout=120)
+    learner, refs = learner_and_arguments(n1, sizes, seeds)
     before, agent_before, asked_before = outcomes(n1), agent_counters(n1), asked()
     rf_args.CLAIM_MODE = rf_args.WAIT_FOR["claimed"]
     try:

@@ -15,7 +15,8 @@ pulled, the bytes' digests, and the mode of the driver and the actor (plain_driv
     workers stay Ray's; `rayfabric status` lists the job as off, and why;
   * `ray job submit`: the entrypoint's driver is in transparent mode, its bytes by the fabric;
   * Ray Data's iter_batches in an actor (its prefetching ray.wait): blocks by the fabric;
-  * a driver connected before the agents started: Ray's path, then the fabric's."""
+  * a driver connected before the agents started: Ray's path, then the fabric's;
+  * a job keeps its own settings in its workers (namespace, a module beside the driver script)."""
 import json
 import os
 import shutil
@@ -207,3 +208,41 @@ def test_a_driver_connected_before_the_agents_started(cluster):
     (second,) = [x for x in out.splitlines() if x.startswith("RESULT2")]
     assert second.split()[1:4] == ["True", "True", "transparent"], (second, err[-2000:])
     assert fabric_bytes() - before >= 2 * 64 * MiB
+
+
+JOB_WITH_A_MODULE = r"""
+import sys, numpy as np, ray
+from helpers import block, whereabouts  # beside this script, no working_dir: Ray's code search path
+ray.init(address=sys.argv[1], logging_level="ERROR", namespace="their-namespace")
+ref = ray.remote(num_cpus=0, resources={"w": 0.01})(block).remote(64 << 20)
+value = ray.get(ref, _use_object_store=False)  # a keyword of Ray 2.60's own get
+ns, got = ray.get(ray.remote(num_cpus=0, resources={"h": 0.01})(whereabouts).remote([ref]))
+print("JOB", int(value.sum()) == int(block(64 << 20).sum()), ns, got, flush=True)
+"""
+
+HELPERS = r"""
+import numpy as np, ray
+def block(n):
+    return np.arange(n, dtype=np.uint8)
+def whereabouts(wrapped):
+    import sys
+    value = ray.get(wrapped[0])
+    transparent = sys.modules.get("rayfabric.transparent")
+    mode = "transparent" if transparent is not None and transparent.enabled() else "ray"
+    return ray.get_runtime_context().namespace, mode + ":" + str(int(value.sum()) == int(block(len(value)).sum()))
+"""
+
+
+def test_a_job_keeps_its_settings_in_its_workers(cluster, tmp_path):
+    """The hook reads nothing of a job in a worker before its first task (Ray would keep that
+    empty answer): the job's namespace, and its driver's folder on the workers' path (a module
+    beside the script, imported by the tasks), are there; Ray's own get keywords pass through."""
+    (tmp_path / "job.py").write_text(JOB_WITH_A_MODULE)
+    (tmp_path / "helpers.py").write_text(HELPERS)
+    before = fabric_bytes()
+    out = subprocess.run([sys.executable, str(tmp_path / "job.py"), cluster["address"]], capture_output=True,
+                         text=True, timeout=300, cwd="/")
+    assert out.returncode == 0, out.stderr[-3000:]
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("JOB")]
+    assert line.split()[1:] == ["True", "their-namespace", "transparent:True"], out.stdout + out.stderr[-2000:]
+    assert fabric_bytes() - before >= 64 * MiB

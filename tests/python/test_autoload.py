@@ -72,6 +72,7 @@ def test_a_probe_for_ray_does_not_use_the_hook_up_and_a_reload_keeps_it():
                  "import ray\n"
                  "print(getattr(ray.init, '_rayfabric_autoload', False), type(ray.__spec__.loader).__name__, "
                  "ray.__spec__.loader.is_package('ray'))\n"
+                 "import copy; copy.copy(ray.__spec__.loader)\n"  # (no recursion before __init__)
                  "importlib.reload(ray)\n"
                  "print(getattr(ray.init, '_rayfabric_autoload', False))")
     assert out == ["True", "_HookedLoader", "True", "True"]
@@ -98,8 +99,8 @@ def test_which_calls_may_wait_for_the_first_look():
                  "import asyncio\n"
                  "async def f():\n"
                  "    return m._may_wait('get', ([],), {})\n"
-                 "print(asyncio.run(f()))")
-    assert out == ["True", "False", "True", "True", "False"]
+                 "print(repr(asyncio.run(f())))")
+    assert out == ["any", "first", "any", "any", "''"]
 
 
 def test_the_kv_names_agree_with_rayfabrics():
