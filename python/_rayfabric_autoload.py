@@ -184,8 +184,7 @@ def driver_setup():
     and the job's record for `rayfabric status`. Never raises."""
     try:
         import ray
-        worker = ray._private.worker.global_worker
-        if getattr(worker, "mode", None) != ray._private.worker.SCRIPT_MODE or getattr(worker, "core_worker", None) is None:
+        if not connected_driver():
             return  # Ray Client, or not connected
         job_env = (ray.get_runtime_context().runtime_env or {}).get("env_vars") or {}
         if off(job_env):
@@ -202,12 +201,18 @@ def driver_setup():
             return
         if not _agents_published():
             _arm()  # a cluster without rayfabric: nothing changes unless agents start later
-        elif _turn_on():
-            record_job("on: the installed package (autoload)")
-        else:
+        elif not _turn_on("on: the installed package (autoload)"):
             record_job("off: transparent mode could not start (see the driver's stderr)")
     except Exception as e:  # noqa: BLE001 - the job runs on Ray's path
         _say(f"transparent mode not turned on in this driver: {type(e).__name__}: {e}")
+
+
+def connected_driver():
+    """This process is a Ray driver connected to its cluster (not a worker, not Ray Client's)."""
+    import ray
+    worker = ray._private.worker.global_worker
+    return getattr(worker, "mode", None) == ray._private.worker.SCRIPT_MODE \
+        and getattr(worker, "core_worker", None) is not None and ray.is_initialized()
 
 
 def _left_alone():
@@ -225,7 +230,12 @@ def _job_record(job_id):
 
     from ray.experimental import internal_kv
     value = internal_kv._internal_kv_get(KV_JOB_PREFIX + job_id, namespace=KV_NAMESPACE)
-    return json.loads(value) if value else {}
+    # (Anyone who reaches the cluster's KV can write it: a record that is not one counts as none.)
+    try:
+        record = json.loads(value) if value else {}
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def _job_opted_out():
@@ -308,10 +318,9 @@ def _look_again(wait):
 
 def _check_and_turn_on():
     try:
-        import ray
         if not _agents_published():
             return
-        if ray._private.worker.global_worker.mode == ray._private.worker.SCRIPT_MODE:
+        if connected_driver():
             driver = True  # (a driver that opted out never armed)
         else:
             driver = False
@@ -321,15 +330,14 @@ def _check_and_turn_on():
                 return
         # The wrappers stay in place meanwhile (importing rayfabric takes a moment): a call that
         # may block waits for this (_look_again), the others are Ray's until it is done.
-        on = _turn_on()
+        on = _turn_on("on: the installed package (autoload; agents started after the driver)" if driver else None)
         targets = {}
         if on:  # what transparent mode put in place (not ray.<name>: that may wrap a wrapper of ours)
             from rayfabric import transparent, waits
             targets = {"get": transparent._get, **({"wait": waits._wait} if waits.installed() else {})}
         _disarm(targets)
-        if driver:
-            record_job("on: the installed package (autoload; agents started after the driver)" if on else
-                       "off: transparent mode could not start (see the driver's stderr)")
+        if driver and not on:
+            record_job("off: transparent mode could not start (see the driver's stderr)")
     except Exception as e:  # noqa: BLE001 - Ray's path
         _say(f"transparent mode not turned on in this process: {type(e).__name__}: {e}")
     finally:
@@ -347,10 +355,11 @@ def _disarm(targets):
         _armed["targets"] = {name: targets.get(name, original) for name, original in _armed["originals"].items()}
 
 
-def _turn_on():
+def _turn_on(record=None):
+    """transparent.enable(); `record`: how a driver's job record says it was turned on."""
     try:
         from rayfabric import transparent
-        return bool(transparent.enable())
+        return bool(transparent.enable(record=record))
     except Exception as e:  # noqa: BLE001 - Ray's path, said once
         _say(f"transparent mode not turned on in this process: {type(e).__name__}: {e}")
         return False

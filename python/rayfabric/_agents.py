@@ -314,9 +314,20 @@ def _live_records(prefix, keys, alive):
             internal_kv._internal_kv_del(key, namespace=NAMESPACE)
             continue
         value = internal_kv._internal_kv_get(key, namespace=NAMESPACE)
-        if value:
-            out[key[len(prefix):]] = json.loads(value)
+        record = _record_of(value)
+        if record is not None:
+            out[key[len(prefix):]] = record
     return out
+
+
+def _record_of(value):
+    """A KV record as a dict, or None for one that is not (anyone who reaches the cluster's KV can
+    write there: a garbled or forged value is passed over, never fatal to its readers)."""
+    try:
+        record = json.loads(value) if value else None
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def published():
@@ -335,7 +346,8 @@ def jobs():
         alive = {j["JobID"] for j in ray._private.state.state.job_table() if not j.get("IsDead")}
     except Exception:  # noqa: BLE001 - the job table unreadable: say nothing rather than guess
         return []
-    return sorted(_live_records(KV_JOB_PREFIX, keys, alive).values(), key=lambda r: r.get("started", 0))
+    records = _live_records(KV_JOB_PREFIX, keys, alive).values()
+    return sorted(records, key=lambda r: r["started"] if isinstance(r.get("started"), (int, float)) else 0)
 
 
 class NodeWatcher(threading.Thread):

@@ -8,7 +8,9 @@ rayfabric agent, then submits the call unchanged:
   * an actor method call: the actor's node (from the GCS actor table, cached per actor);
   * a task with NodeAffinitySchedulingStrategy: that node;
   * a task with PlacementGroupSchedulingStrategy: the bundle's node (any bundle, if they all sit
-    on one node).
+    on one node);
+  * a task with default scheduling whose arguments all exist: the node Ray's locality-aware lease
+    policy picks (the one holding most of their bytes), which runs it unless it is busy.
 
 The ask goes to the node's NodeAgent actor (the one that runs its rayfabricd), which pulls on its
 own node through the agent's local socket (Pull is never served to other hosts). A call whose
@@ -18,8 +20,8 @@ if the agent failed, Ray's pull moves them itself: results and semantics stay Ra
 case. An argument that does not exist yet is pulled as soon as it does, without delaying the call
 (Ray's pull, which starts the moment it exists, then races the agent's).
 
-Tasks without a known destination (default or SPREAD scheduling) are left to Ray: its
-locality-aware scheduling runs them where their arguments are (docs/agent.md, "Arguments").
+SPREAD tasks, and default ones whose arguments are still being computed, are left to Ray: no
+destination is known at submission (docs/agent.md, "Arguments").
 
 Off for one call site: `with rayfabric.args.paused(): actor.f.remote(ref)`."""
 import contextlib
@@ -94,10 +96,55 @@ def _actor_node(handle):
     return _cached(_actor_nodes, actor_hex, lookup)
 
 
+def _locality_node(args, kwargs):
+    """Where Ray sends a default-scheduled task: its LocalityAwareLeasePolicy asks for a lease at
+    the node holding the most bytes of the task's ObjectRef arguments (the first node to reach that
+    count, arguments in order, as Ray adds them up), from the submitter's own reference table, the
+    one get_local_object_locations reads (no round trip). That node's raylet runs the task unless it
+    is busy and spills it back to another node (then Ray moves the arguments there too: a wrong
+    prediction, docs/agent.md). None where Ray's choice cannot be told here: an argument still being
+    computed (its size and place are known only when it exists), no argument in any node's store
+    (the local raylet decides), locality off (RAY_locality_aware_leasing_enabled=0), or a tie that
+    hangs on the order of one object's copies (a hash set in Ray). Returns (node, the locations
+    read), so that the prefetch does not look them up again."""
+    if os.environ.get("RAY_locality_aware_leasing_enabled", "1").strip().lower() in ("0", "false") \
+            or not hasattr(ray.experimental, "get_local_object_locations"):
+        return None, None
+    refs = [a for a in list(args or ()) + list((kwargs or {}).values()) if isinstance(a, ray.ObjectRef)]
+    # (A result ready a moment before its raylet said where: waited for, briefly, as gets do.)
+    locations = api._own_locations(ray._private.worker.global_worker.core_worker, refs)
+    held, best, most, copies = {}, None, 0, False
+    for ref in refs:
+        where = locations.get(ref) or {}
+        size = where.get("object_size")
+        if size is None:
+            return None, None  # not made yet: Ray decides when it is
+        nodes = where.get("node_ids") or []
+        copies = copies or len(nodes) > 1
+        for node in nodes:
+            held[node] = held.get(node, 0) + size
+            if held[node] > most:
+                best, most = node, held[node]
+    if copies and sum(1 for n in held.values() if n == most) > 1:
+        return None, None
+    return best, locations
+
+
+def _task_destination(options, args=None, kwargs=None):
+    """(node, locations already read or None) of a task submitted with `options`."""
+    strategy = options.get("scheduling_strategy")
+    if strategy is None or strategy == "DEFAULT":
+        if options.get("placement_group") not in (None, "default") or options.get("label_selector") \
+                or options.get("fallback_strategy"):
+            return None, None  # the old placement_group= option, or nodes chosen by label: not locality's choice
+        if strategy is None and ray.util.get_current_placement_group() is not None:
+            return None, None  # inside a placement group, which may capture the task
+        return _locality_node(args, kwargs)
+    return _task_node(options), None
+
+
 def _task_node(options):
     strategy = options.get("scheduling_strategy")
-    if strategy is None:
-        return None
     node_id = getattr(strategy, "node_id", None)
     if node_id is not None and hasattr(strategy, "soft"):
         return node_id  # NodeAffinitySchedulingStrategy (soft: where it will run unless that node is gone)
@@ -148,33 +195,41 @@ def _may_block():
         return True
 
 
-def _prefetch_to(node_hex, refs):
-    """Asks `node_hex` to pull `refs`; never waits for it."""
+def _prefetch_to(node_hex, refs, known=None):
+    """Asks `node_hex` to pull `refs` (waiting for the seal of those that exist, bounded).
+    known: their locations, read already (all of them exist)."""
     if node_hex is None:
         api._count("args_no_destination", len(refs))
-        return
-    agent = _node_agent(node_hex)
-    if agent is None:
-        api._count("args_no_agent", len(refs))
         return
     # Arguments that exist: the call waits (at most CLAIM_WAIT_S) until the destination's agent
     # has read them into its store (RAYFABRIC_ARGS_WAIT_FOR, above), so that Ray's own pull, which
     # starts when the call arrives, finds them there. Arguments still being computed: asked for
     # without waiting (pulled when they exist; the call is not delayed).
-    ready, pending = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+    if known is not None:
+        ready, pending = list(refs), []
+    else:
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
     if ready:
         # Only what is worth a pull (as rayfabric.get decides): not on the destination already,
         # not tiny; a call with nothing of the kind pays no round trip.
         core_worker = ray._private.worker.global_worker.core_worker
         # No wait for a location not known yet: such an argument (its size known) is asked for
-        # anyway (the destination's agent finds where it is).
-        locations = api._locations(core_worker, ready, wait=False)
+        # anyway (the destination's agent finds where it is); not where the locations were read
+        # for a prediction (an object in no store there is inlined, or one Ray does not count).
+        locations = known if known is not None else api._locations(core_worker, ready, wait=False)
         worth = [r for r in ready if node_hex not in (locations.get(r) or {}).get("node_ids", [node_hex])
-                 and (locations.get(r) or {}).get("object_size", 0) >= api.MIN_OBJECT_BYTES]
+                 and (locations.get(r) or {}).get("object_size", 0) >= api.MIN_OBJECT_BYTES
+                 and (known is None or locations[r].get("node_ids"))]
         if sum(locations[r]["object_size"] for r in worth) < api.MIN_PULL_BYTES:
             worth = []
         api._count("args_not_worth_a_pull", len(ready) - len(worth))
         ready = worth
+    if not ready and not pending:
+        return
+    agent = _node_agent(node_hex)
+    if agent is None:
+        api._count("args_no_agent", len(ready) + len(pending))
+        return
     # (In a list, so that Ray hands the refs over as they are, not their values.)
     if ready and CLAIM_WAIT_S > 0 and _may_block():
         try:
@@ -192,13 +247,14 @@ def _prefetch_to(node_hex, refs):
     api._count("args_prefetch_asked", len(ready) + len(pending))
 
 
-def _guarded(kind, find_node, args, kwargs):
+def _guarded(kind, find_destination, args, kwargs):
     if getattr(_paused, "on", False):
         return
     try:
         refs = _refs_of(args, kwargs)
         if refs:  # (most calls have none: no lookup at all then)
-            _prefetch_to(find_node(), refs)
+            node, known = find_destination()
+            _prefetch_to(node, refs, known)
     except Exception as e:  # noqa: BLE001 - never break a call
         api._fallback(f"argument prefetch for {kind} failed: {type(e).__name__}: {e}")
 
@@ -216,13 +272,13 @@ def install():
 
     def _actor_method_call(self, method_name, args=None, kwargs=None, *rest, **options):
         if method_name != "__ray_terminate__":
-            _guarded("an actor call", lambda: _actor_node(self), args, kwargs)
+            _guarded("an actor call", lambda: (_actor_node(self), None), args, kwargs)
         return actor_call(self, method_name, args, kwargs, *rest, **options)
 
     def _remote(self, args=None, kwargs=None, **task_options):
         merged = dict(getattr(self, "_default_options", {}) or {})
         merged.update(task_options)
-        _guarded("a task", lambda: _task_node(merged), args, kwargs)
+        _guarded("a task", lambda: _task_destination(merged, args, kwargs), args, kwargs)
         return task_remote(self, args, kwargs, **task_options)
 
     ActorHandle._actor_method_call = _actor_method_call

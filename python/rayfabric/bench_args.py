@@ -12,7 +12,13 @@ Cases (an embedded 3-node ray.cluster_utils.Cluster unless --address; nodes get 
        (NodeAffinitySchedulingStrategy): a map over blocks whose destination is known.
   actor  the same blocks, each passed to one call of an actor on another node (ready arguments).
   pg   the same blocks, tasks in a placement group bundle on another node.
-  default  the same blocks, default-scheduled tasks (Ray only: where did they run?).
+  reduce  `--blocks`/2 default-scheduled tasks, each taking a block made on the rollout node and
+       one made on the mapper node (a level of a tree reduce, its inputs ready): Ray's
+       locality-aware lease policy asks the rollout node (the first to hold half the bytes) to run
+       it; the hook predicts that and has its agent read the other block first.
+  reduce-busy  the same with tasks that take 1 CPU of the 1 each node has: the rollout node is
+       busy for most of them and spills them back to other nodes (wrong predictions: the copy the
+       agent made is wasted, Ray moves both blocks).
 Per case and path: seconds, GB/s of argument bytes, and (rayfabric) what the destination's agent
 did with each argument: pulled it (won the race with Ray's own pull), stood aside (Ray's pull was
 first), found it local."""
@@ -58,10 +64,10 @@ def consume(b):
     return digest(b)
 
 
-@ray.remote(num_cpus=1)
-def consume_where(b):
-    """A default-scheduled task (no destination known at submission): where did it run?"""
-    return digest(b), ray.get_runtime_context().get_node_id()
+@ray.remote(num_cpus=0)
+def reduce_pair(a, b):
+    """A default-scheduled task: its digests, and where it ran."""
+    return [digest(a), digest(b)], ray.get_runtime_context().get_node_id()
 
 
 def expected(nbytes, seed):
@@ -93,6 +99,13 @@ def ray_received(node_hex):
 def _mean_received(rows):
     got = [r["ray_received"] for r in rows if r.get("ray_received") is not None]
     return sum(got) / len(got) if got else None
+
+
+def _ran_where_predicted(rows):
+    """The reduce cases: tasks that ran on the node the hook predicted (Ray's locality choice), of all."""
+    if not rows or "tasks" not in rows[0]:
+        return "-"
+    return f"{sum(r['ran_where_predicted'] for r in rows)}/{sum(r['tasks'] for r in rows)}"
 
 
 def _mib(n):
@@ -161,18 +174,39 @@ def run_map(blocks, block_bytes, seed0, use_fabric, kind="map"):
     return seconds, ok, blocks * block_bytes
 
 
-def run_default(blocks, block_bytes, seed0):
-    """Tasks with default scheduling taking one block each (blocks made on the rollout node): how
-    many Ray's locality-aware scheduling ran where their block was (nothing to move then)."""
-    source = node_of("rollout")
-    refs = [block.options(resources={"rollout": 0.01}).remote(block_bytes, seed0 + i) for i in range(blocks)]
-    ray.wait(refs, num_returns=len(refs), fetch_local=False)
+def run_reduce(pairs, block_bytes, seed0, use_fabric, cpus):
+    """`pairs` default-scheduled tasks, each on a block from the rollout node and one from the
+    mapper node (ready). Returns seconds, verified, bytes that had to cross (one block per task),
+    and how many tasks ran on the rollout node (where the hook predicted)."""
+    from rayfabric import args
+    source, other = node_of("rollout"), node_of("mapper")
+    lefts = [block.options(resources={"rollout": 0.01}).remote(block_bytes, seed0 + 2 * i) for i in range(pairs)]
+    rights = [block.options(resources={"mapper": 0.01}).remote(block_bytes, seed0 + 2 * i + 1) for i in range(pairs)]
+    ray.wait(lefts + rights, num_returns=2 * pairs, fetch_local=False)
+    # (Their places as this driver knows them, which is what Ray's lease policy reads: the raylet's
+    # location update follows a task's reply by a few ms.)
+    want = {**{r: [source] for r in lefts}, **{r: [other] for r in rights}}
+    deadline = time.monotonic() + 30
+    while True:
+        where = ray.experimental.get_local_object_locations(lefts + rights)
+        if all(where[r]["node_ids"] == want[r] for r in want):
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"blocks not where they were made: {where}")
+        time.sleep(0.01)
+    submit = reduce_pair.options(num_cpus=cpus).remote
     t0 = time.perf_counter()
-    results = ray.get([consume_where.remote(r) for r in refs])
+    if use_fabric:
+        outs = [submit(a, b) for a, b in zip(lefts, rights)]
+    else:
+        with args.paused():
+            outs = [submit(a, b) for a, b in zip(lefts, rights)]
+    results = ray.get(outs)
     seconds = time.perf_counter() - t0
-    ok = [d for d, _ in results] == [expected(block_bytes, seed0 + i) for i in range(blocks)]
-    local = sum(1 for _, node in results if node == source)
-    return seconds, ok, blocks * block_bytes, local
+    ok = [d for d, _ in results] == [[expected(block_bytes, seed0 + 2 * i), expected(block_bytes, seed0 + 2 * i + 1)]
+                                     for i in range(pairs)]
+    predicted = sum(1 for _, node in results if node == source)
+    return seconds, ok, pairs * block_bytes, predicted
 
 
 def main(argv=None):
@@ -184,7 +218,7 @@ def main(argv=None):
     p.add_argument("--blocks", type=int, default=48)
     p.add_argument("--block-mib", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--cases", default="rl,map,actor,pg,default")
+    p.add_argument("--cases", default="rl,map,actor,pg,reduce,reduce-busy")
     p.add_argument("--wait-for", default="sealed",
                    help="what a call with ready arguments waits for before it is submitted, a comma list run side "
                         "by side: sealed (the default: the arguments are in the destination's store, so Ray's pull "
@@ -218,40 +252,42 @@ def main(argv=None):
     try:
         cases = a.cases.split(",")
         dest = {"rl": node_of("learner"), "map": node_of("mapper"), "actor": node_of("mapper"),
-                "pg": node_of("mapper"), "default": node_of("mapper")}
+                "pg": node_of("mapper"), "reduce": node_of("rollout"), "reduce-busy": node_of("rollout")}
+        everyone = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
         for rnd in range(a.rounds):
             for case in cases:
-                if case == "default":
-                    seconds, ok, nbytes, local = run_default(a.blocks, a.block_mib * MiB, 7000 + 100 * rnd)
-                    rows.append({"case": case, "path": "ray", "round": rnd, "seconds": seconds, "ok": ok,
-                                 "bytes": nbytes, "gbps": nbytes / seconds / 1e9, "ran_where_the_block_was": local,
-                                 "tasks": a.blocks})
-                    print(f"default   (Ray only) round {rnd}: {seconds:7.3f} s; {local}/{a.blocks} tasks ran on "
-                          f"the node holding their block", flush=True)
-                    continue
-                for path in ["ray"] + [f"rayfabric-{m}" for m in modes]:
+                paths = ["ray"] + [f"rayfabric-{m}" for m in modes]
+                for path in (paths if rnd % 2 == 0 else paths[::-1]):  # (each path first in turn)
                     use = path != "ray"
                     if use:
                         args_hook.CLAIM_MODE = args_hook.WAIT_FOR[path.split("-", 1)[1]]
                     before = prefetch_outcomes(dest[case])
-                    ray_before = ray_received(dest[case])
+                    # (Ray's received bytes on every node: a reduce may run anywhere.)
+                    ray_before = [ray_received(n) for n in everyone]
                     seed0 = 1000 * (rnd + 1) + (500 if use else 0)
+                    extra = {}
                     if case == "rl":
                         seconds, ok, nbytes = run_rl(a.steps, a.batch_mib * MiB, seed0, use)
+                    elif case.startswith("reduce"):
+                        seconds, ok, nbytes, predicted = run_reduce(a.blocks // 2, a.block_mib * MiB, seed0, use,
+                                                                    1 if case == "reduce-busy" else 0)
+                        extra = {"ran_where_predicted": predicted, "tasks": a.blocks // 2}
                     else:
                         seconds, ok, nbytes = run_map(a.blocks, a.block_mib * MiB, seed0, use, case)
                     time.sleep(2.5)  # let the prefetches that lost report, and Ray's metric
-                    ray_after = ray_received(dest[case])
+                    ray_after = [ray_received(n) for n in everyone]
                     row = {"case": case, "path": path, "round": rnd, "seconds": seconds, "ok": ok,
                            "bytes": nbytes, "gbps": nbytes / seconds / 1e9,
                            "outcomes": delta(before, prefetch_outcomes(dest[case])),
-                           # what Ray's own object manager received at the destination meanwhile
-                           # (chunks it threw away for an object the agent was creating included)
-                           "ray_received": None if None in (ray_before, ray_after) else ray_after - ray_before}
+                           # what Ray's own object managers received meanwhile, all nodes (chunks
+                           # thrown away for an object the agent was creating included)
+                           "ray_received": None if None in ray_before + ray_after
+                           else sum(ray_after) - sum(ray_before), **extra}
                     rows.append(row)
-                    print(f"{case:4s} {path:17s} round {rnd}: {seconds:7.3f} s {row['gbps']:6.3f} GB/s "
-                          f"verified={ok} Ray received {_mib(row['ray_received'])} MiB agent: {row['outcomes']}",
-                          flush=True)
+                    where = f" {extra['ran_where_predicted']}/{extra['tasks']} ran where predicted" if extra else ""
+                    print(f"{case:11s} {path:17s} round {rnd}: {seconds:7.3f} s {row['gbps']:6.3f} GB/s "
+                          f"verified={ok} Ray received {_mib(row['ray_received'])} MiB{where} agent: "
+                          f"{row['outcomes']}", flush=True)
     finally:
         transparent.disable()
         rayfabric.shutdown()
@@ -261,24 +297,24 @@ def main(argv=None):
     print()
     # won: the destination's agent moved the argument (claimed before the call, or pulled first);
     # lost: Ray's own pull was first (the agent stood aside, or found it created or already here).
-    # Ray MiB: what Ray's own object manager received at the destination, per round (the argument
-    # bytes for Ray's path; for rayfabric's, the bytes it moved too: ~0 when no byte crosses twice).
-    print(f"{'case':5s} {'path':17s} {'Ray s':>8s} {'rf s':>8s} {'rf/Ray':>7s} {'won':>5s} {'lost':>5s} "
-          f"{'Ray MiB':>8s}")
+    # Ray MiB: what Ray's own object managers received, all nodes, per round (the argument bytes for
+    # Ray's path; for rayfabric's, the bytes it moved too: ~0 when no byte crosses twice).
+    # predicted: reduce tasks that ran where the hook had their arguments read (Ray's locality choice).
+    print(f"{'case':11s} {'path':17s} {'Ray s':>8s} {'rf s':>8s} {'rf/Ray':>7s} {'won':>5s} {'lost':>5s} "
+          f"{'Ray MiB':>8s} {'predicted':>9s}")
     for case in a.cases.split(","):
-        if case == "default":
-            continue
         ray_rows = [r for r in rows if r["case"] == case and r["path"] == "ray"]
         mean_ray = sum(r["seconds"] for r in ray_rows) / len(ray_rows)
-        print(f"{case:5s} {'ray':17s} {mean_ray:8.3f} {'':8s} {'':7s} {'':5s} {'':5s} {_mib(_mean_received(ray_rows)):>8s}")
+        print(f"{case:11s} {'ray':17s} {mean_ray:8.3f} {'':8s} {'':7s} {'':5s} {'':5s} "
+              f"{_mib(_mean_received(ray_rows)):>8s} {_ran_where_predicted(ray_rows):>9s}")
         for mode in modes:
             rf = [r for r in rows if r["case"] == case and r["path"] == f"rayfabric-{mode}"]
             mean_rf = sum(r["seconds"] for r in rf) / len(rf)
             won = sum(r["outcomes"]["objects_pulled"] + r["outcomes"]["claimed"] for r in rf)
             lost = sum(r["outcomes"]["stood_aside"] + r["outcomes"]["already_local"] + r["outcomes"]["already_here"]
                        for r in rf)
-            print(f"{case:5s} {'rayfabric-' + mode:17s} {'':8s} {mean_rf:8.3f} {mean_ray / mean_rf:7.2f} {won:5d} "
-                  f"{lost:5d} {_mib(_mean_received(rf)):>8s}")
+            print(f"{case:11s} {'rayfabric-' + mode:17s} {'':8s} {mean_rf:8.3f} {mean_ray / mean_rf:7.2f} {won:5d} "
+                  f"{lost:5d} {_mib(_mean_received(rf)):>8s} {_ran_where_predicted(rf):>9s}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"args": vars(a), "rows": rows}, f, indent=1)

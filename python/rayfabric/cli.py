@@ -28,6 +28,13 @@ def _share(x):
     return "-" if x is None else f"{x:.0%}"
 
 
+def _shown(value):
+    """A value from the cluster's KV as one printable line: control characters (a terminal's escape
+    sequences, line breaks) escaped."""
+    text = "-" if value is None else str(value)
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def _print_status(st):
     rows = st["agents"]
     if not rows:
@@ -66,9 +73,10 @@ def _print_status(st):
             print(f"{'':14s} to Ray's path: {n} object(s): {reason}")
     # Which running jobs have transparent mode (the installed package turns it on in every job of
     # a cluster with agents; RAYFABRIC_AUTOLOAD=0 keeps a job out), and which keep Ray's path.
+    # (What a job record says is printed escaped: anyone who reaches the cluster's KV can write one.)
     for job in st.get("jobs") or []:
-        print(f"job {job['job_id']}: transparent mode {job['mode']} (driver pid {job['pid']} on "
-              f"{job['node_id'][:12]}: {job['entrypoint'][:80]})")
+        print(f"job {_shown(job.get('job_id'))}: transparent mode {_shown(job.get('mode'))} (driver pid "
+              f"{_shown(job.get('pid'))} on {_shown(job.get('node_id'))[:12]}: {_shown(job.get('entrypoint'))[:80]})")
 
 
 def main(argv=None):

@@ -35,10 +35,11 @@ def _get(object_refs, *, timeout=None, **ray_options):
     return _original_get(object_refs, timeout=timeout, **ray_options)
 
 
-def enable(arguments=True, waits=True):
+def enable(arguments=True, waits=True, record=None):
     """Routes ray.get through rayfabric in this process, (arguments=True) asks the destination
     node of each call with a known one to pull its ObjectRef arguments, and (waits=True) pulls
-    what ray.wait(fetch_local=True) waits for by the fabric (idempotent)."""
+    what ray.wait(fetch_local=True) waits for by the fabric (idempotent). In a driver, its job's
+    record for `rayfabric status` says it is on (`record`: how; the start-up hook says its own)."""
     global _original_get
     # Read first (the settings of the hooks included): a bad value refuses before anything is replaced.
     waits = waits and api._switch("RAYFABRIC_WAITS", "ray.wait(fetch_local=True) pulls by the fabric",
@@ -54,18 +55,16 @@ def enable(arguments=True, waits=True):
     if waits:
         from rayfabric import waits as waits_hook
         waits_hook.install()
-    _record_driver("on: rayfabric.transparent.enable()")
+    _record_driver(record or "on: rayfabric.transparent.enable()")
     return True
 
 
 def _record_driver(mode):
     """A driver's job says in the cluster's KV that it has transparent mode (`rayfabric status`)."""
-    worker = ray._private.worker.global_worker
-    if getattr(worker, "mode", None) != ray._private.worker.SCRIPT_MODE or not ray.is_initialized():
-        return
     try:
         import _rayfabric_autoload
-        _rayfabric_autoload.record_job(mode)
+        if _rayfabric_autoload.connected_driver():
+            _rayfabric_autoload.record_job(mode)
     except Exception as e:  # noqa: BLE001 - a missing record changes no transfer
         api.log.debug("rayfabric: the job's record was not written: %s", e)
 

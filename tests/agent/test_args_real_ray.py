@@ -237,10 +237,87 @@ def test_paused_call_sites_ask_nothing(cluster):
     with rf_args.paused():
         assert ray.get(learner.update.remote(ref), timeout=120) == [digest(make(2 * MiB, 41))]
     assert asked() == before
-    # Calls without a destination known at submission are left to Ray (counted).
+    # A call without a destination known at submission (SPREAD) is left to Ray (counted).
     no_dest = rayfabric.stats()["args_no_destination"]
-    assert ray.get(digests.remote(ref), timeout=120) == [digest(make(2 * MiB, 41))]
+    assert ray.get(digests.options(scheduling_strategy="SPREAD").remote(ref), timeout=120) == [digest(make(2 * MiB, 41))]
     assert rayfabric.stats()["args_no_destination"] == no_dest + 1 and asked() == before
+    # A default task whose one argument is on n0 only: Ray runs it there, nothing to move, nothing
+    # asked. (`ref` is on n1 too by now: a tie Ray breaks by a hash set's order, left to Ray.)
+    only_here = on("n0", produce).remote(2 * MiB, 42)
+    ray.wait([only_here], fetch_local=False, timeout=120)
+    not_worth = rayfabric.stats()["args_not_worth_a_pull"]
+    assert ray.get(digests.remote(only_here), timeout=120) == [digest(make(2 * MiB, 42))]
+    assert rayfabric.stats()["args_not_worth_a_pull"] == not_worth + 1 and asked() == before
+
+
+@ray.remote(num_cpus=0)
+def digests_where(*arrays):
+    return [digest(a) for a in arrays], ray.get_runtime_context().get_node_id()
+
+
+@ray.remote(num_cpus=2)
+class Hog:
+    """Holds both CPUs of its node."""
+    def ping(self):
+        return ray.get_runtime_context().get_node_id()
+
+
+def spread_arguments(cluster, seeds):
+    """A 32 MiB argument made on n1 and an 8 MiB one on n2, ready and their places known to the
+    driver (the raylet's location update follows the task's reply by a few ms)."""
+    refs = [on("n1", produce).remote(32 * MiB, seeds[0]), on("n2", produce).remote(8 * MiB, seeds[1])]
+    ray.wait(refs, num_returns=2, fetch_local=False, timeout=120)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        where = ray.experimental.get_local_object_locations(refs)
+        if all(where.get(r, {}).get("node_ids") for r in refs):
+            break
+        time.sleep(0.05)
+    assert [where[r]["node_ids"] for r in refs] == [[cluster["nodes"]["n1"]], [cluster["nodes"]["n2"]]], where
+    return refs
+
+
+def test_a_default_task_gets_its_arguments_where_ray_runs_it(cluster):
+    """Default scheduling: Ray's locality-aware lease policy asks n1 (32 of the task's 40 MiB are
+    there) to run it; the hook predicts that from the driver's own reference table, n1's agent reads
+    the 8 MiB from n2 before the call goes, and Ray's own pull at n1 finds it there."""
+    n1 = cluster["nodes"]["n1"]
+    refs = spread_arguments(cluster, (61, 62))
+    before, agent_before, asked_before, received_before = outcomes(n1), agent_counters(n1), asked(), ray_received(n1)
+    out, ran_on = ray.get(digests_where.remote(*refs), timeout=180)
+    assert out == [digest(make(32 * MiB, 61)), digest(make(8 * MiB, 62))]
+    assert ran_on == n1
+    assert asked() - asked_before == 1  # the 8 MiB one; the other is there already
+    after = wait_seen(n1, before, 1)
+    assert after["objects_pulled"] - before["objects_pulled"] == 1, (before, after)
+    assert agent_counters(n1)["bytes_pulled"] - agent_before["bytes_pulled"] >= 8 * MiB
+    moved_by_ray = ray_received(n1) - received_before
+    print(f"default task: Ray's object manager on n1 received {moved_by_ray / MiB:.1f} MiB of 8 MiB")
+    assert moved_by_ray < 1 * MiB, moved_by_ray
+
+
+def test_a_wrong_prediction_costs_a_copy_not_a_result(cluster):
+    """n1 holds most of the bytes but is busy: its raylet spills the task back to a node with a free
+    CPU, where Ray moves both arguments itself. The copy n1's agent made is wasted; the result is
+    Ray's, and the call waited no longer than the read."""
+    n1 = cluster["nodes"]["n1"]
+    hog = on("n1", Hog).remote()
+    assert ray.get(hog.ping.remote(), timeout=120) == n1
+    try:
+        refs = spread_arguments(cluster, (71, 72))
+        before, asked_before = outcomes(n1), asked()
+        t0 = time.monotonic()
+        call = digests_where.options(num_cpus=1).remote(*refs)
+        submitted_s = time.monotonic() - t0
+        out, ran_on = ray.get(call, timeout=180)
+        assert out == [digest(make(32 * MiB, 71)), digest(make(8 * MiB, 72))]
+        assert ran_on != n1, "n1 was busy: Ray should have spilled the task back"
+        assert asked() - asked_before == 1
+        after = wait_seen(n1, before, 1)
+        assert after["objects_pulled"] - before["objects_pulled"] == 1, (before, after)  # the wasted copy
+        assert submitted_s < rf_args.CLAIM_WAIT_S + 1, submitted_s
+    finally:
+        ray.kill(hog)
 
 
 def test_an_argument_whose_source_node_died(cluster):

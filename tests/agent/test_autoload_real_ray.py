@@ -20,7 +20,6 @@ pulled, the bytes' digests, and the mode of the driver and the actor (plain_driv
 import json
 import os
 import shutil
-import site
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from ray.cluster_utils import Cluster
 
 import rayfabric
 
+from local_ports import free_port
 from ray_test_cluster import use_this_checkout
 
 MiB = 1 << 20
@@ -39,13 +39,6 @@ REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 DRIVER = os.path.join(HERE, "plain_driver.py")
 ON = ["True", "True", "transparent", "transparent"]
 OFF = ["True", "True", "ray", "ray"]
-
-
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +54,7 @@ def cluster():
     assert user_site.startswith(root), user_site
     os.makedirs(user_site)
     shutil.copy(os.path.join(REPO, "python", "rayfabric-autoload.pth"), user_site)
-    dashboard = _free_port()
+    dashboard = free_port()
     c = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "resources": {"h": 100}, "object_store_memory": 400 * MiB, "include_dashboard": True,
         "dashboard_port": dashboard})
@@ -143,6 +136,20 @@ def test_opt_out_in_the_jobs_runtime_env(cluster):
     assert moved == 0, moved
     assert [j["mode"] for j in jobs] == ["off: RAYFABRIC_AUTOLOAD=0 in the job's runtime_env"], jobs
     assert "rayfabric" not in err, err[-2000:]
+
+
+def test_a_bad_setting_keeps_the_driver_on_rays_path_and_says_why(cluster):
+    """transparent.enable() refuses a bad RAYFABRIC_ARGS_WAIT_FOR before it replaces anything: the
+    driver runs on Ray's path, its stderr says why once, and `rayfabric status` lists the job as
+    off. (The variable is the driver's own: its workers, which Ray starts without it, still turn
+    transparent mode on; the driver submits its calls unhooked, so nothing moves by the fabric.)"""
+    result, err, jobs, moved = plain_job(cluster, env={"RAYFABRIC_ARGS_WAIT_FOR": "soon"})
+    assert result[:3] == ["True", "True", "ray+rayfabric"], (result, err[-2000:])
+    assert moved == 0, moved
+    assert [j["mode"] for j in jobs] == ["off: transparent mode could not start (see the driver's stderr)"], jobs
+    why = ("rayfabric: transparent mode not turned on in this process: ValueError: RAYFABRIC_ARGS_WAIT_FOR='soon': "
+           "use sealed (the default: a call waits until its arguments are in the destination's store) or claimed")
+    assert err.count(why) == 1, err[-3000:]
 
 
 def test_ray_job_submit(cluster):

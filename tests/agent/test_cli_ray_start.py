@@ -2,21 +2,16 @@
 and a driver that moves an object between them with rayfabric.get."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 
 import pytest
 
+from local_ports import free_port
+
 PY = sys.executable
 ENV = dict(os.environ)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(*args, check=True, timeout=180):

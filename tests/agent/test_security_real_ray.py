@@ -10,6 +10,7 @@ once per process):
   tls   - RAY_USE_TLS with a CA, certificates and client certificates, as Ray's TLS doc sets it up.
 """
 import hashlib
+import json
 import os
 import secrets
 import shutil
@@ -704,3 +705,46 @@ def test_a_lease_reaches_its_object_only_and_only_while_leased(cluster):
     assert probe("read", address, lb.region.hex(), 0, 4096).startswith("OK ")
     assert names(n1.release([(lb.lease_id, lb.token)]).error_codes) == [""]
     assert probe("read", address, lb.region.hex(), 0, 4096).startswith("FAIL ")
+
+
+@pytest.mark.skipif(MODE != "none", reason="runs on the plain cluster")
+def test_a_forged_job_record_is_at_most_an_opt_out(cluster, capsys):
+    """Anyone who reaches the cluster's KV (the trust of Ray's own job table) can write a job's
+    record (`job:<id>`, namespace rayfabric), which `rayfabric status` lists and the job's workers
+    read at start-up. Played for real, as a hostile writer of this test's own job's record: garbage,
+    a JSON list, a record whose fields have the wrong types and carry a terminal's escape sequences
+    and a line break. Each is passed over by its readers (status and the workers' look alike), is
+    printed escaped, and the fabric moves identical bytes throughout; the one thing a well-formed
+    forgery can do is mark the job opted out (its workers then stay on Ray's path)."""
+    import _rayfabric_autoload as autoload
+    from ray.experimental import internal_kv
+    from rayfabric import _agents, cli
+    job = ray.get_runtime_context().get_job_id()
+    key = _agents.KV_JOB_PREFIX + job
+
+    def forge(value):
+        internal_kv._internal_kv_put(key, value, overwrite=True, namespace=_agents.NAMESPACE)
+
+    try:
+        for garbage in (b"\xff{not json", b"[1, 2, 3]", b"null"):
+            forge(garbage)
+            assert autoload._job_record(job) == {}, garbage  # as if there were none: not an opt-out
+            assert rayfabric.status()["jobs"] == [], garbage
+        forge(json.dumps({"job_id": job, "mode": "on\n\x1b[2Jjob FAKE: transparent mode on", "autoload_off": True,
+                          "pid": {"x": 1}, "node_id": 7, "entrypoint": "\x1b]0;owned\x07python evil.py",
+                          "started": "yesterday"}))
+        (listed,) = rayfabric.status()["jobs"]
+        assert listed["job_id"] == job
+        capsys.readouterr()
+        cli._print_status(rayfabric.status())
+        printed = capsys.readouterr().out
+        (line,) = [x for x in printed.splitlines() if x.startswith("job ")]
+        assert "\x1b" not in printed and "\x07" not in printed, printed
+        assert "\\n\\x1b[2Jjob FAKE" in line and not any(x.startswith("job FAKE") for x in printed.splitlines())
+        assert autoload._job_record(job)["autoload_off"] is True  # what a forgery can do
+        # The fabric's bytes are not the record's business.
+        ref = object_on("n1", 8 * MiB, 4242)
+        got = ray.get(on("n0", fetch).remote([ref]), timeout=120)
+        assert got["digests"] == [expected_digest(8 * MiB, 4242)] and got["pulled"] == 1, got
+    finally:
+        internal_kv._internal_kv_del(key, namespace=_agents.NAMESPACE)

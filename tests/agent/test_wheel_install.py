@@ -13,20 +13,15 @@ environment."""
 import glob
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 
 import pytest
 
+from local_ports import free_port
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

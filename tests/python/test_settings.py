@@ -71,3 +71,27 @@ def test_waits_switch_bad_value_is_refused_with_the_reason():
     assert r.returncode != 0
     assert ("RAYFABRIC_WAITS='sometimes': use 1 (the default: ray.wait(fetch_local=True) pulls by the fabric) "
             "or 0 (ray.wait is Ray's alone)") in r.stderr, r.stderr
+
+
+def import_args(value):
+    """rayfabric.args imported in a fresh process with RAYFABRIC_ARGS_WAIT_FOR=value (None: unset)."""
+    code = "from rayfabric import args; print('CLAIM_MODE', repr(args.CLAIM_MODE))"
+    full = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    full.pop("RAYFABRIC_ARGS_WAIT_FOR", None)
+    if value is not None:
+        full["RAYFABRIC_ARGS_WAIT_FOR"] = value
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
+
+
+@pytest.mark.parametrize("value, expected", [(None, "'sealed'"), ("sealed", "'sealed'"), (" Claimed ", "True")])
+def test_what_a_call_waits_for(value, expected):
+    r = import_args(value)
+    assert r.returncode == 0, r.stderr
+    assert f"CLAIM_MODE {expected}" in r.stdout, r.stdout
+
+
+def test_a_bad_wait_for_is_refused_with_both_choices():
+    r = import_args("soon")
+    assert r.returncode != 0
+    assert ("RAYFABRIC_ARGS_WAIT_FOR='soon': use sealed (the default: a call waits until its arguments are in "
+            "the destination's store) or claimed (until their replicas are created)") in r.stderr, r.stderr
