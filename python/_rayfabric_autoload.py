@@ -226,16 +226,19 @@ def _agents_published():
 
 
 def _job_record(job_id):
-    import json
-
     from ray.experimental import internal_kv
-    value = internal_kv._internal_kv_get(KV_JOB_PREFIX + job_id, namespace=KV_NAMESPACE)
-    # (Anyone who reaches the cluster's KV can write it: a record that is not one counts as none.)
+    return parse_record(internal_kv._internal_kv_get(KV_JOB_PREFIX + job_id, namespace=KV_NAMESPACE)) or {}
+
+
+def parse_record(value):
+    """A record from the cluster's KV as a dict, or None for one that is not (anyone who reaches the
+    KV can write there: a garbled or forged value counts as none, never fatal to its readers)."""
+    import json
     try:
-        record = json.loads(value) if value else {}
+        record = json.loads(value) if value else None
     except ValueError:
-        return {}
-    return record if isinstance(record, dict) else {}
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _job_opted_out():

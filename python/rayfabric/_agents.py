@@ -13,6 +13,7 @@ import ray
 from ray.experimental import internal_kv
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+import _rayfabric_autoload
 from rayfabric import bin_dir
 from rayfabric.doctor import agent_fabric_env
 
@@ -304,37 +305,28 @@ def stop_all():
     return stopped
 
 
-def _live_records(prefix, keys, alive):
+def _live_records(prefix, keys, alive, required=()):
     """{name: record} of the KV's `keys` under `prefix` whose name is in `alive`; the others are
-    deleted (what they describe has gone)."""
+    deleted (what they describe has gone). Passed over: a value that is not a record, or one whose
+    `required` fields are not strings (anyone who reaches the KV can write there)."""
     out = {}
     for key in keys:
         key = key.decode() if isinstance(key, bytes) else key
         if key[len(prefix):] not in alive:
             internal_kv._internal_kv_del(key, namespace=NAMESPACE)
             continue
-        value = internal_kv._internal_kv_get(key, namespace=NAMESPACE)
-        record = _record_of(value)
-        if record is not None:
+        record = _rayfabric_autoload.parse_record(internal_kv._internal_kv_get(key, namespace=NAMESPACE))
+        if record is not None and all(isinstance(record.get(f), str) for f in required):
             out[key[len(prefix):]] = record
     return out
-
-
-def _record_of(value):
-    """A KV record as a dict, or None for one that is not (anyone who reaches the cluster's KV can
-    write there: a garbled or forged value is passed over, never fatal to its readers)."""
-    try:
-        record = json.loads(value) if value else None
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
 
 
 def published():
     """{node_hex: record} of every agent that published its address, on nodes still alive (the
     records of nodes that left are deleted: their agents went with them)."""
     alive = set(alive_nodes())
-    return _live_records(KV_PREFIX, internal_kv._internal_kv_list(KV_PREFIX, namespace=NAMESPACE), alive)
+    return _live_records(KV_PREFIX, internal_kv._internal_kv_list(KV_PREFIX, namespace=NAMESPACE), alive,
+                         required=("address", "local_socket"))
 
 
 def jobs():
@@ -346,7 +338,8 @@ def jobs():
         alive = {j["JobID"] for j in ray._private.state.state.job_table() if not j.get("IsDead")}
     except Exception:  # noqa: BLE001 - the job table unreadable: say nothing rather than guess
         return []
-    records = _live_records(KV_JOB_PREFIX, keys, alive).values()
+    # (Each listed under the job its key names, whatever its record says.)
+    records = [dict(r, job_id=job) for job, r in _live_records(KV_JOB_PREFIX, keys, alive).items()]
     return sorted(records, key=lambda r: r["started"] if isinstance(r.get("started"), (int, float)) else 0)
 
 

@@ -68,7 +68,7 @@ _stats = {"objects_pulled": 0, "bytes_pulled": 0, "already_local": 0, "stood_asi
           "pull_calls_socket": 0, "pull_calls_grpc": 0,
           # call arguments (rayfabric.args): asked of the destination's node, or not (why)
           "args_prefetch_asked": 0, "args_no_destination": 0, "args_no_agent": 0,
-          "args_claim_waited": 0, "args_claim_timeouts": 0, "args_not_worth_a_pull": 0,
+          "args_pending_left_to_ray": 0, "args_claim_waited": 0, "args_claim_timeouts": 0, "args_not_worth_a_pull": 0,
           # fallback reports to this node's agent (`rayfabric status`): sent, or not (no agent here,
           # or it did not answer); the counts above stay what they are either way
           "fallback_reports_sent": 0, "fallback_reports_failed": 0}

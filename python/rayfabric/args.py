@@ -51,12 +51,24 @@ if _wait_for not in WAIT_FOR:
     raise ValueError(f"RAYFABRIC_ARGS_WAIT_FOR={_wait_for!r}: use sealed (the default: a call waits until its "
                      f"arguments are in the destination's store) or claimed (until their replicas are created)")
 CLAIM_MODE = WAIT_FOR[_wait_for]
+# An argument still being computed at submission (or one a call could not wait for, from an event
+# loop): "ray" (the default) leaves it to Ray's own pull, which starts the moment it exists and
+# moves all of it whatever the agent does (a race the agent cannot win by being sealed first: the
+# bytes crossed twice, docs/benchmarks.md); "race": the destination's agent pulls it too, as soon
+# as it exists (the call is not delayed).
+PENDING_MODES = ("ray", "race")
+PENDING = os.environ.get("RAYFABRIC_ARGS_PENDING", "ray").strip().lower()
+if PENDING not in PENDING_MODES:
+    raise ValueError(f"RAYFABRIC_ARGS_PENDING={PENDING!r}: use ray (the default: an argument still being "
+                     f"computed at submission is left to Ray's own pull) or race (the destination's agent "
+                     f"pulls it too, racing Ray's pull)")
 _lock = threading.Lock()
 _installed = {}
 _paused = threading.local()
 _actor_nodes = {}  # actor id hex -> (node hex or None, when looked up)
 _pg_nodes = {}     # placement group id hex -> ({bundle index: node hex}, when looked up)
 _node_agents = {}  # node hex -> (NodeAgent handle, when looked up)
+_node_resources = {}  # "all" -> ({node hex: total resources}, when looked up)
 
 
 @contextlib.contextmanager
@@ -70,16 +82,16 @@ def paused():
         _paused.on = before
 
 
-def _cached(table, key, lookup):
-    """lookup()'s value, kept _CACHE_S; an empty one (not placed yet, no agent) is not kept: it is
-    looked up again at the next call."""
+def _cached(table, key, lookup, empty_s=0.0):
+    """lookup()'s value, kept _CACHE_S; an empty one (not placed yet, no agent) is kept `empty_s`
+    only (0: looked up again at the next call)."""
     now = time.monotonic()
     with _lock:
         hit = table.get(key)
-    if hit is not None and now - hit[1] < _CACHE_S:
+    if hit is not None and now - hit[1] < (_CACHE_S if hit[0] else empty_s):
         return hit[0]
     value = lookup()
-    if value:
+    if value or empty_s > 0:
         with _lock:
             table[key] = (value, now)
     return value
@@ -96,23 +108,24 @@ def _actor_node(handle):
     return _cached(_actor_nodes, actor_hex, lookup)
 
 
-def _locality_node(args, kwargs):
+def _locality_node(args, kwargs, demand):
     """Where Ray sends a default-scheduled task: its LocalityAwareLeasePolicy asks for a lease at
     the node holding the most bytes of the task's ObjectRef arguments (the first node to reach that
     count, arguments in order, as Ray adds them up), from the submitter's own reference table, the
     one get_local_object_locations reads (no round trip). That node's raylet runs the task unless it
     is busy and spills it back to another node (then Ray moves the arguments there too: a wrong
     prediction, docs/agent.md). None where Ray's choice cannot be told here: an argument still being
-    computed (its size and place are known only when it exists), no argument in any node's store
-    (the local raylet decides), locality off (RAY_locality_aware_leasing_enabled=0), or a tie that
-    hangs on the order of one object's copies (a hash set in Ray). Returns (node, the locations
-    read), so that the prefetch does not look them up again."""
-    if os.environ.get("RAY_locality_aware_leasing_enabled", "1").strip().lower() in ("0", "false") \
+    computed (its size and place are known only when it exists; one whose place is not known yet
+    is not waited for), no argument in any node's store (the local raylet decides), locality off
+    (RAY_locality_aware_leasing_enabled in this process's environment), a tie that hangs on the
+    order of one object's copies (a hash set in Ray), or a node that cannot run the task at all
+    (`demand` beyond its resources: its raylet would spill it back every time). Returns (node, the
+    locations read), so that the prefetch does not look them up again."""
+    if os.environ.get("RAY_locality_aware_leasing_enabled", "1").strip().lower() not in ("1", "true") \
             or not hasattr(ray.experimental, "get_local_object_locations"):
         return None, None
-    refs = [a for a in list(args or ()) + list((kwargs or {}).values()) if isinstance(a, ray.ObjectRef)]
-    # (A result ready a moment before its raylet said where: waited for, briefly, as gets do.)
-    locations = api._own_locations(ray._private.worker.global_worker.core_worker, refs)
+    refs = _refs_of(args, kwargs, distinct=False)  # (Ray counts a repeated argument each time)
+    locations = ray.experimental.get_local_object_locations(refs)
     held, best, most, copies = {}, None, 0, False
     for ref in refs:
         where = locations.get(ref) or {}
@@ -127,7 +140,36 @@ def _locality_node(args, kwargs):
                 best, most = node, held[node]
     if copies and sum(1 for n in held.values() if n == most) > 1:
         return None, None
+    if best is not None and not _can_run(best, demand):
+        return None, None
     return best, locations
+
+
+def _demand(options):
+    """The resources a task submitted with `options` asks for (Ray's defaults: 1 CPU), or None
+    where that is not plain (an accelerator type: a resource named after it)."""
+    if options.get("accelerator_type"):
+        return None
+    demand = dict(options.get("resources") or {})
+    cpus = options.get("num_cpus")
+    demand.update(CPU=1 if cpus is None else cpus, GPU=options.get("num_gpus") or 0,
+                  memory=options.get("memory") or 0)
+    return {k: v for k, v in demand.items() if v}
+
+
+def _can_run(node_hex, demand):
+    """Whether the node has, in all, the resources `demand` asks for (ray.nodes(), cached)."""
+    if demand is None:
+        return False
+
+    def lookup():
+        return {n["NodeID"]: n.get("Resources") or {} for n in ray.nodes() if n.get("Alive")}
+    totals = _cached(_node_resources, "all", lookup).get(node_hex)
+    if totals is None:  # (a node that joined after the cache was filled: looked up again)
+        with _lock:
+            _node_resources.clear()
+        totals = _cached(_node_resources, "all", lookup).get(node_hex) or {}
+    return all(totals.get(name, 0) >= amount for name, amount in demand.items())
 
 
 def _task_destination(options, args=None, kwargs=None):
@@ -139,7 +181,9 @@ def _task_destination(options, args=None, kwargs=None):
             return None, None  # the old placement_group= option, or nodes chosen by label: not locality's choice
         if strategy is None and ray.util.get_current_placement_group() is not None:
             return None, None  # inside a placement group, which may capture the task
-        return _locality_node(args, kwargs)
+        if not _may_block():
+            return None, None  # (a prediction it could not wait for would race Ray: bytes twice)
+        return _locality_node(args, kwargs, _demand(options))
     return _task_node(options), None
 
 
@@ -171,13 +215,15 @@ def _node_agent(node_hex):
             return _agents.actor_of(node_hex)
         except ValueError:
             return None
-    return _cached(_node_agents, node_hex, lookup)
+    # (A node without an agent is asked again after 5 s, not at every call bound for it.)
+    return _cached(_node_agents, node_hex, lookup, empty_s=5.0)
 
 
-def _refs_of(args, kwargs):
-    """The distinct top-level ObjectRef arguments, in order."""
+def _refs_of(args, kwargs, distinct=True):
+    """The top-level ObjectRef arguments, in order (positional, then keywords as given: Ray's
+    order), each once unless `distinct` is False."""
     refs = [a for a in list(args or ()) + list((kwargs or {}).values()) if isinstance(a, ray.ObjectRef)]
-    return list(dict.fromkeys(refs))
+    return list(dict.fromkeys(refs)) if distinct else refs
 
 
 def _may_block():
@@ -203,8 +249,8 @@ def _prefetch_to(node_hex, refs, known=None):
         return
     # Arguments that exist: the call waits (at most CLAIM_WAIT_S) until the destination's agent
     # has read them into its store (RAYFABRIC_ARGS_WAIT_FOR, above), so that Ray's own pull, which
-    # starts when the call arrives, finds them there. Arguments still being computed: asked for
-    # without waiting (pulled when they exist; the call is not delayed).
+    # starts when the call arrives, finds them there. Arguments still being computed: Ray's
+    # (RAYFABRIC_ARGS_PENDING, above), or asked for without waiting (pulled when they exist).
     if known is not None:
         ready, pending = list(refs), []
     else:
@@ -224,6 +270,11 @@ def _prefetch_to(node_hex, refs, known=None):
             worth = []
         api._count("args_not_worth_a_pull", len(ready) - len(worth))
         ready = worth
+    if not (ready and CLAIM_WAIT_S > 0 and _may_block()):
+        pending, ready = pending + ready, []  # (not waited for: they would race Ray's pull)
+    if pending and PENDING != "race":
+        api._count("args_pending_left_to_ray", len(pending))
+        pending = []
     if not ready and not pending:
         return
     agent = _node_agent(node_hex)
@@ -231,7 +282,7 @@ def _prefetch_to(node_hex, refs, known=None):
         api._count("args_no_agent", len(ready) + len(pending))
         return
     # (In a list, so that Ray hands the refs over as they are, not their values.)
-    if ready and CLAIM_WAIT_S > 0 and _may_block():
+    if ready:
         try:
             # Ray's own get (transparent mode's would try to pull the reply).
             answered = api._ray_get(agent.prefetch.remote([ready], CLAIM_MODE, CLAIM_WAIT_S), timeout=CLAIM_WAIT_S + 1)
@@ -240,8 +291,6 @@ def _prefetch_to(node_hex, refs, known=None):
         except Exception as e:  # noqa: BLE001 - a slow or dead NodeAgent: the call goes on
             api._count("args_claim_timeouts", len(ready))
             log.debug("rayfabric: claim of %d arguments did not answer: %s", len(ready), e)
-    elif ready:
-        pending, ready = pending + ready, []
     if pending:
         agent.prefetch.remote([pending])
     api._count("args_prefetch_asked", len(ready) + len(pending))

@@ -12,13 +12,14 @@ Cases (an embedded 3-node ray.cluster_utils.Cluster unless --address; nodes get 
        (NodeAffinitySchedulingStrategy): a map over blocks whose destination is known.
   actor  the same blocks, each passed to one call of an actor on another node (ready arguments).
   pg   the same blocks, tasks in a placement group bundle on another node.
-  reduce  `--blocks`/2 default-scheduled tasks, each taking a block made on the rollout node and
-       one made on the mapper node (a level of a tree reduce, its inputs ready): Ray's
-       locality-aware lease policy asks the rollout node (the first to hold half the bytes) to run
-       it; the hook predicts that and has its agent read the other block first.
-  reduce-busy  the same with tasks that take 1 CPU of the 1 each node has: the rollout node is
-       busy for most of them and spills them back to other nodes (wrong predictions: the copy the
-       agent made is wasted, Ray moves both blocks).
+  reduce  `--blocks`/2 default-scheduled tasks, each taking a block made on the mapper node and
+       one made on the rollout node (a level of a tree reduce, its inputs ready): Ray's
+       locality-aware lease policy asks the mapper node (the first to hold half the bytes; not the
+       driver's, where Ray leases without locality) to run it; the hook predicts that and has its
+       agent read the other block first.
+  reduce-busy  the same with tasks that take 1 CPU of the 1 each node has: the mapper node is
+       busy for about half of them and spills them back to other nodes (wrong predictions: the
+       copy the agent made is wasted, Ray moves both blocks).
 Per case and path: seconds, GB/s of argument bytes, and (rayfabric) what the destination's agent
 did with each argument: pulled it (won the race with Ray's own pull), stood aside (Ray's pull was
 first), found it local."""
@@ -175,13 +176,13 @@ def run_map(blocks, block_bytes, seed0, use_fabric, kind="map"):
 
 
 def run_reduce(pairs, block_bytes, seed0, use_fabric, cpus):
-    """`pairs` default-scheduled tasks, each on a block from the rollout node and one from the
-    mapper node (ready). Returns seconds, verified, bytes that had to cross (one block per task),
-    and how many tasks ran on the rollout node (where the hook predicted)."""
+    """`pairs` default-scheduled tasks, each on a block from the mapper node and one from the
+    rollout node (ready). Returns seconds, verified, bytes that had to cross (one block per task),
+    and how many tasks ran on the mapper node (Ray's locality choice, which the hook predicts)."""
     from rayfabric import args
-    source, other = node_of("rollout"), node_of("mapper")
-    lefts = [block.options(resources={"rollout": 0.01}).remote(block_bytes, seed0 + 2 * i) for i in range(pairs)]
-    rights = [block.options(resources={"mapper": 0.01}).remote(block_bytes, seed0 + 2 * i + 1) for i in range(pairs)]
+    source, other = node_of("mapper"), node_of("rollout")
+    lefts = [block.options(resources={"mapper": 0.01}).remote(block_bytes, seed0 + 2 * i) for i in range(pairs)]
+    rights = [block.options(resources={"rollout": 0.01}).remote(block_bytes, seed0 + 2 * i + 1) for i in range(pairs)]
     ray.wait(lefts + rights, num_returns=2 * pairs, fetch_local=False)
     # (Their places as this driver knows them, which is what Ray's lease policy reads: the raylet's
     # location update follows a task's reply by a few ms.)
@@ -252,7 +253,7 @@ def main(argv=None):
     try:
         cases = a.cases.split(",")
         dest = {"rl": node_of("learner"), "map": node_of("mapper"), "actor": node_of("mapper"),
-                "pg": node_of("mapper"), "reduce": node_of("rollout"), "reduce-busy": node_of("rollout")}
+                "pg": node_of("mapper"), "reduce": node_of("mapper"), "reduce-busy": node_of("mapper")}
         everyone = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
         for rnd in range(a.rounds):
             for case in cases:

@@ -49,7 +49,7 @@ def _print_status(st):
           f"{'leases':>6s} {'pinned MiB':>10s} {'failed':>6s} {'fallbacks':>9s} {'Ray MiB in':>10s} {'coverage':>8s}")
     for node, a in sorted(rows.items()):
         if not a.get("alive"):
-            print(f"{node[:12]:14s} {a.get('address', '-'):22s} DEAD: {a.get('error', '')}")
+            print(f"{_shown(node)[:12]:14s} {_shown(a.get('address')):22s} DEAD: {_shown(a.get('error', ''))}")
             continue
         auth = "+".join(x for x, on in (("token", a.get("token_auth")), ("tls", a.get("tls"))) if on) or "none"
         up_s = a.get("uptime_ms", 0) / 1000
@@ -70,7 +70,7 @@ def _print_status(st):
                   f"{'/' + link['domain'] if link['domain'] else ''}{rails}: {link['objects_pulled']} pulled, "
                   f"{link['pulls_failed']} failed" + (f" ({link['last_error'][:80]})" if link["last_error"] else ""))
         for reason, n in sorted((a.get("fallback_reasons") or {}).items(), key=lambda kv: (-kv[1], kv[0])):
-            print(f"{'':14s} to Ray's path: {n} object(s): {reason}")
+            print(f"{'':14s} to Ray's path: {n} object(s): {_shown(reason)}")
     # Which running jobs have transparent mode (the installed package turns it on in every job of
     # a cluster with agents; RAYFABRIC_AUTOLOAD=0 keeps a job out), and which keep Ray's path.
     # (What a job record says is printed escaped: anyone who reaches the cluster's KV can write one.)

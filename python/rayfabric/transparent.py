@@ -47,14 +47,18 @@ def enable(arguments=True, waits=True, record=None):
     arguments = arguments and os.environ.get("RAYFABRIC_ARGS", "1") != "0"
     if arguments:
         from rayfabric import args
-    if _original_get is None:
-        _original_get = api._ray_get
-        ray.get = _get
-    if arguments:
-        args.install()
-    if waits:
-        from rayfabric import waits as waits_hook
-        waits_hook.install()
+    try:
+        if _original_get is None:
+            _original_get = api._ray_get
+            ray.get = _get
+        if arguments:
+            args.install()
+        if waits:
+            from rayfabric import waits as waits_hook
+            waits_hook.install()
+    except BaseException:
+        disable()  # all or nothing: a half-installed hook would contradict the job's record
+        raise
     _record_driver(record or "on: rayfabric.transparent.enable()")
     return True
 

@@ -38,6 +38,20 @@ def produce(nbytes, seed):
     return np.random.default_rng(seed).integers(0, 256, size=nbytes, dtype=np.uint8)
 
 
+def located(refs, timeout=30):
+    """{ref: node ids} once this process knows where every one of `refs` (made, ready) is stored:
+    a task's reply reaches its owner a few ms before the raylet that stored the result says where
+    (longer on a loaded host), and Ray's lease policy reads the same record."""
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        where = ray.experimental.get_local_object_locations(refs)
+        nodes = {r: (where.get(r) or {}).get("node_ids") or [] for r in refs}
+        if all(nodes.values()) or time.monotonic() > deadline:
+            return nodes
+        time.sleep(0.02)
+
+
 def on(node, fn):
     """`fn` (a remote function or actor class) pinned to the node with resource `node`."""
     return fn.options(resources={node: 0.01})

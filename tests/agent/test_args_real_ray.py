@@ -20,7 +20,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 import rayfabric
 from rayfabric import _agents, args as rf_args, metrics, transparent
 
-from ray_test_cluster import node_ids, on, use_this_checkout
+from ray_test_cluster import located, node_ids, on, use_this_checkout
 
 MiB = 1 << 20
 
@@ -197,16 +197,31 @@ def test_pinned_and_placement_group_tasks(cluster):
 
 
 def test_an_argument_still_being_computed(cluster):
-    """The call is submitted at once (not delayed by the prefetch); the destination pulls the
-    argument as soon as it exists."""
+    """The call is submitted at once (never delayed by it). By default (RAYFABRIC_ARGS_PENDING=ray)
+    the argument is left to Ray's own pull, which starts the moment it exists and would move all of
+    it whatever the agent did: nothing is asked. With `race` the destination pulls it too, as soon
+    as it exists."""
     n1 = cluster["nodes"]["n1"]
     learner = on("n1", Learner).remote()
     ray.get(learner.ping.remote(), timeout=120)
-    before = outcomes(n1)
-    ref = on("n0", produce).remote(32 * MiB, 31, 2.0)
+    assert rf_args.PENDING == "ray"
+    asked_before, left_before = asked(), rayfabric.stats()["args_pending_left_to_ray"]
+    ref = on("n0", produce).remote(32 * MiB, 30, 2.0)
     t0 = time.monotonic()
     call = learner.update.remote(ref)
     assert time.monotonic() - t0 < 1.0  # submission does not wait for the argument
+    assert ray.get(call, timeout=180) == [digest(make(32 * MiB, 30))]
+    assert asked() == asked_before and rayfabric.stats()["args_pending_left_to_ray"] == left_before + 1
+
+    before = outcomes(n1)
+    rf_args.PENDING = "race"
+    try:
+        ref = on("n0", produce).remote(32 * MiB, 31, 2.0)
+        t0 = time.monotonic()
+        call = learner.update.remote(ref)
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        rf_args.PENDING = "ray"
     assert ray.get(call, timeout=180) == [digest(make(32 * MiB, 31))]
     after = wait_seen(n1, before, 1)
     assert seen(before, after) == 1, (before, after)
@@ -245,6 +260,7 @@ def test_paused_call_sites_ask_nothing(cluster):
     # asked. (`ref` is on n1 too by now: a tie Ray breaks by a hash set's order, left to Ray.)
     only_here = on("n0", produce).remote(2 * MiB, 42)
     ray.wait([only_here], fetch_local=False, timeout=120)
+    assert located([only_here])[only_here] == [cluster["nodes"]["n0"]]
     not_worth = rayfabric.stats()["args_not_worth_a_pull"]
     assert ray.get(digests.remote(only_here), timeout=120) == [digest(make(2 * MiB, 42))]
     assert rayfabric.stats()["args_not_worth_a_pull"] == not_worth + 1 and asked() == before
@@ -267,13 +283,8 @@ def spread_arguments(cluster, seeds):
     driver (the raylet's location update follows the task's reply by a few ms)."""
     refs = [on("n1", produce).remote(32 * MiB, seeds[0]), on("n2", produce).remote(8 * MiB, seeds[1])]
     ray.wait(refs, num_returns=2, fetch_local=False, timeout=120)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        where = ray.experimental.get_local_object_locations(refs)
-        if all(where.get(r, {}).get("node_ids") for r in refs):
-            break
-        time.sleep(0.05)
-    assert [where[r]["node_ids"] for r in refs] == [[cluster["nodes"]["n1"]], [cluster["nodes"]["n2"]]], where
+    where = located(refs)
+    assert [where[r] for r in refs] == [[cluster["nodes"]["n1"]], [cluster["nodes"]["n2"]]], where
     return refs
 
 
@@ -296,10 +307,47 @@ def test_a_default_task_gets_its_arguments_where_ray_runs_it(cluster):
     assert moved_by_ray < 1 * MiB, moved_by_ray
 
 
+@ray.remote(num_cpus=0)
+def pair_where(first, second):
+    return [digest(first), digest(second)], ray.get_runtime_context().get_node_id()
+
+
+def test_a_tie_goes_to_the_first_argument_as_in_ray(cluster):
+    """16 MiB on n1 and 16 MiB on n2, passed as keywords, n2's first: Ray's lease policy counts the
+    arguments in the order given and keeps the first node to reach the most bytes (not the
+    driver's node, n0, where Ray would lease without locality): n2, whose agent reads n1's."""
+    n1, n2 = cluster["nodes"]["n1"], cluster["nodes"]["n2"]
+    on_n1, on_n2 = on("n1", produce).remote(16 * MiB, 81), on("n2", produce).remote(16 * MiB, 82)
+    ray.wait([on_n1, on_n2], num_returns=2, fetch_local=False, timeout=120)
+    assert located([on_n1, on_n2]) == {on_n1: [n1], on_n2: [n2]}
+    before, received_before = outcomes(n2), ray_received(n2)
+    out, ran_on = ray.get(pair_where.remote(second=on_n2, first=on_n1), timeout=180)
+    assert out == [digest(make(16 * MiB, 81)), digest(make(16 * MiB, 82))]
+    assert ran_on == n2
+    after = wait_seen(n2, before, 1)
+    assert after["objects_pulled"] - before["objects_pulled"] == 1, (before, after)
+    assert ray_received(n2) - received_before < 1 * MiB
+
+
+def test_no_prediction_for_a_node_that_cannot_run_the_task(cluster):
+    """Most of the bytes are on n1, but the task needs n2's custom resource: Ray's lease request
+    would go to n1 and be spilled to n2 every time, so the hook predicts nothing (no wasted copy,
+    no wait) and Ray moves the argument."""
+    n1 = cluster["nodes"]["n1"]
+    refs = spread_arguments(cluster, (91, 92))
+    before, asked_before = outcomes(n1), asked()
+    no_dest = rayfabric.stats()["args_no_destination"]
+    out, ran_on = ray.get(digests_where.options(resources={"n2": 1}).remote(*refs), timeout=180)
+    assert out == [digest(make(32 * MiB, 91)), digest(make(8 * MiB, 92))]
+    assert ran_on == cluster["nodes"]["n2"]
+    assert asked() == asked_before and rayfabric.stats()["args_no_destination"] == no_dest + 2
+    assert outcomes(n1) == before
+
+
 def test_a_wrong_prediction_costs_a_copy_not_a_result(cluster):
     """n1 holds most of the bytes but is busy: its raylet spills the task back to a node with a free
     CPU, where Ray moves both arguments itself. The copy n1's agent made is wasted; the result is
-    Ray's, and the call waited no longer than the read."""
+    Ray's, and the call waited no longer than the bounded wait."""
     n1 = cluster["nodes"]["n1"]
     hog = on("n1", Hog).remote()
     assert ray.get(hog.ping.remote(), timeout=120) == n1
@@ -330,9 +378,6 @@ def test_an_argument_whose_source_node_died(cluster):
     ray.wait([ref], fetch_local=False, timeout=120)
     # Ready a moment before Ray's directory says where (the raylet's location update follows the
     # task's reply: 0.15-3.8 ms, ~2% of results): waited for, bounded, then the same check.
-    deadline = time.monotonic() + 30
-    while not ray.experimental.get_object_locations([ref])[ref]["node_ids"] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert n3 in ray.experimental.get_object_locations([ref])[ref]["node_ids"]
+    assert n3 in located([ref])[ref]
     cluster["cluster"].remove_node(cluster["n3"], allow_graceful=False)
     assert ray.get(learner.update.remote(ref), timeout=300) == [digest(make(8 * MiB, 51))]

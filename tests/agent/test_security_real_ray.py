@@ -730,11 +730,11 @@ def test_a_forged_job_record_is_at_most_an_opt_out(cluster, capsys):
             forge(garbage)
             assert autoload._job_record(job) == {}, garbage  # as if there were none: not an opt-out
             assert rayfabric.status()["jobs"] == [], garbage
-        forge(json.dumps({"job_id": job, "mode": "on\n\x1b[2Jjob FAKE: transparent mode on", "autoload_off": True,
+        forge(json.dumps({"job_id": "another job", "mode": "on\n\x1b[2Jjob FAKE: transparent mode on", "autoload_off": True,
                           "pid": {"x": 1}, "node_id": 7, "entrypoint": "\x1b]0;owned\x07python evil.py",
                           "started": "yesterday"}))
         (listed,) = rayfabric.status()["jobs"]
-        assert listed["job_id"] == job
+        assert listed["job_id"] == job  # the job its key names, not the one it claims
         capsys.readouterr()
         cli._print_status(rayfabric.status())
         printed = capsys.readouterr().out
@@ -748,3 +748,25 @@ def test_a_forged_job_record_is_at_most_an_opt_out(cluster, capsys):
         assert got["digests"] == [expected_digest(8 * MiB, 4242)] and got["pulled"] == 1, got
     finally:
         internal_kv._internal_kv_del(key, namespace=_agents.NAMESPACE)
+
+
+@pytest.mark.skipif(MODE != "none", reason="runs on the plain cluster")
+def test_a_garbled_agent_record_is_passed_over(cluster):
+    """n1's agent record in the KV replaced by garbage, then by a record without an address: the
+    readers pass it over (n1 is not listed as having an agent; status still answers for n0), and
+    once the real record is back n1's agent serves again."""
+    from ray.experimental import internal_kv
+    from rayfabric import _agents
+    n0, n1 = cluster["nodes"]["n0"], cluster["nodes"]["n1"]
+    key = _agents.KV_PREFIX + n1
+    real = internal_kv._internal_kv_get(key, namespace=_agents.NAMESPACE)
+    assert real
+    try:
+        for forged in (b"\x00garbage", json.dumps({"node_id": n1, "address": 42, "local_socket": "/x"}).encode()):
+            internal_kv._internal_kv_put(key, forged, overwrite=True, namespace=_agents.NAMESPACE)
+            assert n1 not in _agents.published()
+            st = rayfabric.status()["agents"]
+            assert n1 not in st and st[n0]["alive"], st
+    finally:
+        internal_kv._internal_kv_put(key, real, overwrite=True, namespace=_agents.NAMESPACE)
+    assert rayfabric.status()["agents"][n1]["alive"]

@@ -95,3 +95,15 @@ def test_a_bad_wait_for_is_refused_with_both_choices():
     assert r.returncode != 0
     assert ("RAYFABRIC_ARGS_WAIT_FOR='soon': use sealed (the default: a call waits until its arguments are in "
             "the destination's store) or claimed (until their replicas are created)") in r.stderr, r.stderr
+
+
+def test_a_bad_pending_mode_is_refused_with_both_choices():
+    code = "from rayfabric import args; print('PENDING', args.PENDING)"
+    full = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "RAYFABRIC_ARGS_PENDING": "maybe"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
+    assert r.returncode != 0
+    assert ("RAYFABRIC_ARGS_PENDING='maybe': use ray (the default: an argument still being computed at submission "
+            "is left to Ray's own pull) or race (the destination's agent pulls it too, racing Ray's pull)") in r.stderr
+    full["RAYFABRIC_ARGS_PENDING"] = " Race "
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
+    assert r.returncode == 0 and "PENDING race" in r.stdout, r.stderr
