@@ -3,7 +3,9 @@ messages come from agent_pb2 (checked in, generated from the proto); no grpc cod
 
 Channels are made the way Ray makes its own (ray._private.grpc_utils.init_grpc_channel): TLS when
 RAY_USE_TLS is set, the cluster's token on every call when RAY_AUTH_MODE=token. `address` is
-host:port (another node's agent) or unix:PATH (this node's agent, the only one that serves Pull).
+host:port (another node's agent) or unix:PATH (this node's agent). Each method belongs to the
+service of its audience (agent.proto): Peer on both, Local (Pull, ReportFallbacks) on the Unix socket
+only.
 
 PullSocketClient asks this node's agent for pulls over its pull socket instead (plain framed
 protobuf on a Unix socket, src/agent/pull_socket.h): the same request and reply, without gRPC's
@@ -19,7 +21,10 @@ import grpc
 
 from rayfabric import agent_pb2 as pb
 
-PROTOCOL = pb.PROTOCOL_V2
+PROTOCOL = pb.PROTOCOL_V3
+# Each method's service (its full gRPC path is /rayfabric.v1.SERVICE/METHOD).
+SERVICE_OF = {"Info": "Peer", "LeaseObjects": "Peer", "ReleaseLeases": "Peer", "GetStatus": "Peer",
+              "Pull": "Local", "ReportFallbacks": "Local"}
 _OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 
 
@@ -58,6 +63,22 @@ def cluster_authorization():
     return value if value.startswith("Bearer ") else ""
 
 
+def method_path(method, service=None):
+    """/rayfabric.v1.Peer/Info: the gRPC path of `method` (`service`: another one's, e.g. "Agent",
+    protocol V2's, for tests that play an old caller)."""
+    return f"/rayfabric.v1.{service or SERVICE_OF[method]}/{method}"
+
+
+def counters(reply):
+    """A StatusReply's counters and gauges as {name: value} (src/agent/counters.cc names them)."""
+    return {c.name: c.value for c in reply.counters}
+
+
+def exposure_name(value):
+    """EXPOSURE_OBJECT -> "object" (what `rayfabric status` prints)."""
+    return pb.Exposure.Name(value).replace("EXPOSURE_", "").lower()
+
+
 def error_name(code):
     """ERROR_CODE_NOT_FOUND -> "NotFound" style names for logs and stats."""
     name = pb.ErrorCode.Name(code).replace("ERROR_CODE_", "")
@@ -80,7 +101,7 @@ class AgentClient:
         self._channel = channel if channel is not None else make_channel(address)
 
         def call(name, req, rep):
-            return self._channel.unary_unary(f"/rayfabric.v1.Agent/{name}",
+            return self._channel.unary_unary(method_path(name),
                                              request_serializer=req.SerializeToString,
                                              response_deserializer=rep.FromString)
         self._info = call("Info", pb.InfoRequest, pb.InfoReply)
@@ -115,15 +136,19 @@ class AgentClient:
     def status(self, timeout=10):
         return self._status(pb.StatusRequest(protocol_version=PROTOCOL), timeout=timeout)
 
+    def counters(self, timeout=10):
+        """The agent's counters and gauges now, by name."""
+        return counters(self.status(timeout=timeout))
+
     def report_fallbacks(self, counts, timeout=2, protocol_version=PROTOCOL):
         """counts: iterable of (reason, objects) this process left to Ray's path (local socket only)."""
         req = pb.ReportFallbacksRequest(protocol_version=protocol_version,
                                         fallbacks=[pb.FallbackCount(reason=r, objects=n) for r, n in counts])
         return self._report_fallbacks(req, timeout=timeout)
 
-    def raw_call(self, method, payload, timeout=10):
-        """Sends raw bytes to a method (tests of malformed requests)."""
-        fn = self._channel.unary_unary(f"/rayfabric.v1.Agent/{method}",
+    def raw_call(self, method, payload, timeout=10, service=None):
+        """Sends raw bytes to a method (tests of malformed requests; `service`: as method_path)."""
+        fn = self._channel.unary_unary(method_path(method, service),
                                        request_serializer=lambda b: b, response_deserializer=lambda b: b)
         return fn(payload, timeout=timeout)
 

@@ -11,7 +11,8 @@ import ray
 from rayfabric import _agents
 from rayfabric import agent_pb2 as pb
 from rayfabric import metrics
-from rayfabric._client import AgentClient, PullSocketClient, PullSocketUnavailable, error_name
+from rayfabric._client import (AgentClient, PullSocketClient, PullSocketUnavailable, counters, error_name,
+                               exposure_name)
 
 log = logging.getLogger("rayfabric")
 
@@ -657,12 +658,14 @@ def status(timeout=10):
     for node, rec in _agents.published().items():
         try:
             s = _client(rec["address"]).status(timeout=timeout)
-            d = {f.name: getattr(s, f.name) for f in pb.StatusReply.DESCRIPTOR.fields if f.name != "info"}
+            d = counters(s)
             d.update({"address": rec["address"], "provider": s.info.provider, "domain": s.info.domain,
-                      "pid": s.info.pid, "alive": True, "exposure": s.info.exposure,
+                      "pid": s.info.pid, "alive": True, "uptime_ms": s.uptime_ms,
+                      "exposure": exposure_name(s.info.exposure),
                       "token_auth": s.info.token_auth, "tls": s.info.tls,
                       "fabrics": [{"provider": f.provider, "domain": f.domain, "rdma": f.rdma,
-                                   "exposure": f.exposure, "rail_domains": list(f.rail_domains),
+                                   "exposure": exposure_name(f.exposure),
+                                   "rail_domains": list(f.rail_domains),
                                    "address": f.address.hex()}
                                   for f in s.info.fabrics],
                       "rails": [{f.name: getattr(r, f.name) for f in pb.RailStat.DESCRIPTOR.fields}

@@ -30,7 +30,7 @@ log = logging.getLogger("rayfabric")
 
 INTERVAL_S = float(os.environ.get("RAYFABRIC_METRICS_INTERVAL_S", "5"))
 
-# StatusReply field -> (metric, extra tags, description)
+# The agent's counter (StatusReply.counters, by name) -> (metric, extra tags, description)
 _AGENT_COUNTERS = (
     ("objects_pulled", "rayfabric_objects_pulled", {}, "objects this node's agent read by the fabric and sealed"),
     ("bytes_pulled", "rayfabric_bytes_pulled", {}, "bytes this node's agent read by the fabric and sealed"),
@@ -99,10 +99,11 @@ class AgentExporter:
 
     def export(self, s):
         node = {"node": self.node}
+        values = {c.name: c.value for c in s.counters}  # a name this agent lacks reads as 0
         for field, name, tags, _ in _AGENT_COUNTERS:
-            self._inc(self.counters[name], (name, field), getattr(s, field), {**node, **tags})
+            self._inc(self.counters[name], (name, field), values.get(field, 0), {**node, **tags})
         for field, name, _ in _AGENT_GAUGES:
-            self.gauges[name].set(getattr(s, field), tags=node)
+            self.gauges[name].set(values.get(field, 0), tags=node)
         for link in s.peer_links:
             tags = {**node, "peer": link.peer, "provider": link.provider or "none"}
             self._inc(self.peer_bytes, ("peer_bytes", link.peer, link.provider), link.bytes_pulled, tags)

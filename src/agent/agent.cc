@@ -279,7 +279,7 @@ Agent::StorePtr Agent::ServeStore(uint64_t* generation) {
       StorePtr old = std::exchange(serve_store_, *fresh);
       retired_serve_.push_back({serve_generation_, std::move(old)});
       ++serve_generation_;
-      ++store_reconnects_;
+      counters_.Add(Count::kStoreReconnects);
       RF_LOG(kWarn,
              "serving store connection replaced after an error; the old one is kept open "
              "until its leases end");
@@ -298,7 +298,7 @@ Agent::StorePtr Agent::PullStore() {
     if (fresh.ok()) {
       // In-flight pulls keep the old connection (and their replicas) until their reads drained.
       pull_store_ = *fresh;
-      ++store_reconnects_;
+      counters_.Add(Count::kStoreReconnects);
       RF_LOG(kWarn, "pulling store connection replaced after an error");
     } else {
       RF_LOG(kWarn, "reconnecting to the store failed: " << fresh.status());
@@ -355,7 +355,7 @@ v1::InfoReply Agent::Info() const {
     f->set_address(address.bytes);
     f->set_rdma(fab.engine().profile().rdma);
     f->set_reason(fab.engine().report().reason);
-    f->set_exposure(fab.exposure == Exposure::kObject ? "object" : "arena");
+    f->set_exposure(WireExposure(fab.exposure));
     for (size_t k = 1; k < fab.rails.size(); ++k) {
       f->add_rail_domains(fab.rails[k]->profile().domain);
     }
@@ -363,7 +363,7 @@ v1::InfoReply Agent::Info() const {
   info.set_pid(static_cast<int32_t>(getpid()));
   info.set_token_auth(options_.credentials.token_required());
   info.set_tls(options_.credentials.tls());
-  info.set_exposure(fabrics_.front().exposure == Exposure::kObject ? "object" : "arena");
+  info.set_exposure(WireExposure(fabrics_.front().exposure));
   info.set_max_lease_ttl_ms(static_cast<uint32_t>(max_ttl_.count()));
   return info;
 }
@@ -373,7 +373,7 @@ void Agent::SweepLoop() {
   while (!stopping_) {
     sweep_cv_.wait_for(lock, std::chrono::milliseconds(100));
     for (const LeasedObject& o : leases_.TakeExpired()) {
-      ++leases_expired_;
+      counters_.Add(Count::kLeasesExpired);
       RF_LOG(kWarn, "lease on object " << o.object.Hex() << " expired unreleased: unpinned");
       Unpin(o);
     }
@@ -393,18 +393,12 @@ std::string VersionRefusal(uint32_t version, const char* rpc) {
 v1::StatusReply Agent::GetStatus() const {
   v1::StatusReply s;
   *s.mutable_info() = Info();
-  s.set_objects_pulled(objects_pulled_);
-  s.set_bytes_pulled(bytes_pulled_);
-  s.set_pulls_failed(pulls_failed_);
-  s.set_pulls_stood_aside(pulls_stood_aside_);
-  s.set_pulls_already_local(pulls_already_local_);
-  s.set_leases_granted(leases_granted_);
-  s.set_leases_released(leases_released_);
-  s.set_leases_expired(leases_expired_);
-  s.set_leases_refused(leases_refused_);
-  s.set_leases_active(leases_.active());
-  s.set_pinned_bytes(leases_.pinned_bytes());
-  s.set_bytes_leased(bytes_leased_);
+  CountValues counts = counters_.Snapshot();
+  const auto set = [&counts](Count count, uint64_t value) {
+    counts[static_cast<size_t>(count)] = value;
+  };
+  set(Count::kLeasesActive, leases_.active());
+  set(Count::kPinnedBytes, leases_.pinned_bytes());
   fabric::EngineStats stats;
   for (const Fabric& fab : fabrics_) {
     for (size_t k = 0; k < fab.rails.size(); ++k) {
@@ -419,28 +413,19 @@ v1::StatusReply Agent::GetStatus() const {
       rail->set_bytes_read(one.bytes_read);
     }
   }
-  s.set_fabric_bytes_read(stats.bytes_read);
-  s.set_registered_regions(stats.regions_registered);
-  s.set_requests_rejected(requests_rejected_);
-  s.set_requests_unauthenticated(requests_unauthenticated_);
-  s.set_pulls_refused_remote(pulls_refused_remote_);
-  s.set_leases_size_mismatch(leases_size_mismatch_);
-  s.set_pulls_lease_expired(pulls_lease_expired_);
-  s.set_replicas_quarantined(replicas_quarantined_);
-  s.set_endpoint_resets(stats.endpoint_resets);
-  s.set_store_reconnects(store_reconnects_);
-  s.set_abandoned_creates_aborted(abandoned_creates_aborted_);
+  set(Count::kFabricBytesRead, stats.bytes_read);
+  set(Count::kRegisteredRegions, stats.regions_registered);
+  set(Count::kEndpointResets, stats.endpoint_resets);
+  set(Count::kFallbacks, fallbacks_.total());
+  Counters::Into(counts, s);
   s.set_uptime_ms(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                             std::chrono::steady_clock::now() - started_)
                                             .count()));
-  s.set_fallbacks(fallbacks_.total());
   for (const auto& [reason, objects] : fallbacks_.ByReason()) {
     v1::FallbackCount* f = s.add_fallback_reasons();
     f->set_reason(reason);
     f->set_objects(objects);
   }
-  s.set_reports_refused_remote(reports_refused_remote_);
-  s.set_pulls_asked_again_for_room(pulls_asked_again_for_room_);
   std::lock_guard<std::mutex> lock(links_mu_);
   for (const auto& [source, link] : links_) *s.add_peer_links() = link;
   return s;

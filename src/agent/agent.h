@@ -1,7 +1,8 @@
 // The node agent's logic (rayfabricd): composes this node's plasma store (src/plasma) and the
 // fabric engine (src/fabric). It serves leases on local objects to remote readers and pulls
-// remote objects into the local store by fi_read. The gRPC server (grpc_service.cc) is a thin
-// adapter over these methods; remote agents are reached through PeerClients.
+// remote objects into the local store by fi_read. The gRPC faces (peer_service.cc,
+// local_service.cc) are thin adapters over these methods; remote agents are reached through
+// PeerClients.
 #pragma once
 
 #include <atomic>
@@ -20,10 +21,12 @@
 
 #include "agent.pb.h"
 #include "agent/auth.h"
+#include "agent/counters.h"
 #include "agent/fallback_counts.h"
 #include "agent/lease_table.h"
 #include "agent/peer_clients.h"
 #include "agent/store_warmer.h"
+#include "agent/wire.h"
 #include "rayfabric/config.h"
 #include "rayfabric/fabric.h"
 #include "rayfabric/plasma_client.h"
@@ -34,15 +37,12 @@ namespace rayfabric::agent {
 
 namespace v1 = ::rayfabric::v1;
 
-inline constexpr uint32_t kProtocolVersion = v1::PROTOCOL_V2;
+inline constexpr uint32_t kProtocolVersion = v1::PROTOCOL_V3;
 // The most objects (or leases) one request may name.
 inline constexpr int kMaxItemsPerRequest = 100000;
 
 // Why a request of `rpc` in protocol `version` is refused ("" when it is this agent's version).
 std::string VersionRefusal(uint32_t version, const char* rpc);
-
-// The wire's error codes are rayfabric's StatusCode values (agent.proto, ErrorCode).
-inline v1::ErrorCode ToErrorCode(StatusCode code) { return static_cast<v1::ErrorCode>(code); }
 
 struct AgentOptions {
   std::string plasma_socket;
@@ -79,10 +79,8 @@ class Agent {
   // What the processes of this node left to Ray's own transfer (GetStatus reports it).
   void ReportFallbacks(const v1::ReportFallbacksRequest& request);
 
-  void CountRejectedRequest() { ++requests_rejected_; }
-  void CountUnauthenticated() { ++requests_unauthenticated_; }
-  void CountRemotePull() { ++pulls_refused_remote_; }
-  void CountRemoteReport() { ++reports_refused_remote_; }
+  // What the service faces count (refusals decided before the agent is called).
+  void CountRefusal(Count why) { counters_.Add(why); }
 
  private:
   struct Registered {
@@ -96,6 +94,9 @@ class Agent {
   // What a lease exposes (config "exposure"): the whole arena, or the leased object's bytes only
   // through a registration of its own, held in lease_regions_ by lease id until the lease ends.
   enum class Exposure { kArena, kObject };
+  static v1::Exposure WireExposure(Exposure exposure) {
+    return exposure == Exposure::kObject ? v1::EXPOSURE_OBJECT : v1::EXPOSURE_ARENA;
+  }
   // One fabric this node speaks: its engines, one per rail (domain; the first is the provider's
   // own, the others are further NICs large transfers stripe across), what a lease on it exposes,
   // and the store segments registered with each rail (by base; guarded by regions_mu_).
@@ -308,12 +309,7 @@ class Agent {
   // when they are not offered to it (guarded by links_mu_).
   std::map<std::string, std::map<std::string, std::chrono::steady_clock::time_point>> unusable_;
 
-  std::atomic<uint64_t> objects_pulled_{0}, bytes_pulled_{0}, pulls_failed_{0},
-      pulls_stood_aside_{0}, pulls_already_local_{0}, leases_granted_{0}, leases_released_{0},
-      leases_expired_{0}, leases_refused_{0}, bytes_leased_{0}, requests_rejected_{0},
-      requests_unauthenticated_{0}, pulls_refused_remote_{0}, leases_size_mismatch_{0},
-      pulls_lease_expired_{0}, replicas_quarantined_{0}, store_reconnects_{0},
-      abandoned_creates_aborted_{0}, reports_refused_remote_{0}, pulls_asked_again_for_room_{0};
+  Counters counters_;
   FallbackCounts fallbacks_;
   std::atomic<bool> populate_warned_{false};
   // When this agent started serving: `rayfabric status` reports rates since then.

@@ -65,7 +65,7 @@ Result<fabric::RegisteredRange> Agent::RegionFor(Fabric& fab, size_t rail, uint8
 }
 
 void Agent::RefuseLease(v1::Lease& lease, const Status& why) {
-  ++leases_refused_;
+  counters_.Add(Count::kLeasesRefused);
   lease.set_error_code(ToErrorCode(why.code()));
   lease.set_error(why.message());
 }
@@ -133,8 +133,8 @@ void Agent::GrantLease(Fabric& fab, size_t rails, v1::Lease& lease, const Object
   }
   if (fab.exposure == Exposure::kObject) lease_regions_[grant->id] = regions;
   regions_lock.unlock();
-  ++leases_granted_;
-  bytes_leased_ += bytes;
+  counters_.Add(Count::kLeasesGranted);
+  counters_.Add(Count::kBytesLeased, bytes);
   lease.set_lease_id(grant->id);
   lease.set_token(grant->token);
   // Where the object's bytes lie: one slice per registration they cross, in order; on each
@@ -281,7 +281,7 @@ v1::ReleaseReply Agent::Release(const v1::ReleaseRequest& request) {
     Status s = released.status();
     if (released.ok()) {
       Unpin(*released);
-      ++leases_released_;
+      counters_.Add(Count::kLeasesReleased);
     }
     reply.add_error_codes(ToErrorCode(s.code()));
     reply.add_errors(s.ok() ? "" : s.message());

@@ -43,7 +43,7 @@ grpc::Status CancellableCall(grpc::ClientContext& context, const std::function<b
   return result;
 }
 
-std::shared_ptr<::rayfabric::v1::Agent::Stub> PeerClients::Get(const std::string& address) {
+std::shared_ptr<::rayfabric::v1::Peer::Stub> PeerClients::Get(const std::string& address) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = stubs_.find(address);
   if (it != stubs_.end()) return it->second;
@@ -51,8 +51,7 @@ std::shared_ptr<::rayfabric::v1::Agent::Stub> PeerClients::Get(const std::string
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
   auto channel = grpc::CreateCustomChannel(address, credentials_.ChannelCredentials(), args);
-  auto stub =
-      std::shared_ptr<::rayfabric::v1::Agent::Stub>(::rayfabric::v1::Agent::NewStub(channel));
+  auto stub = std::shared_ptr<::rayfabric::v1::Peer::Stub>(::rayfabric::v1::Peer::NewStub(channel));
   stubs_[address] = stub;
   return stub;
 }

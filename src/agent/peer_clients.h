@@ -29,14 +29,14 @@ class PeerClients {
  public:
   explicit PeerClients(Credentials credentials) : credentials_(std::move(credentials)) {}
 
-  std::shared_ptr<::rayfabric::v1::Agent::Stub> Get(const std::string& address);
+  std::shared_ptr<::rayfabric::v1::Peer::Stub> Get(const std::string& address);
   // Every outgoing call's context goes through here (it adds the token, if any).
   void Prepare(grpc::ClientContext& context) const { credentials_.Authorize(context); }
 
  private:
   Credentials credentials_;
   std::mutex mu_;
-  std::map<std::string, std::shared_ptr<::rayfabric::v1::Agent::Stub>> stubs_;
+  std::map<std::string, std::shared_ptr<::rayfabric::v1::Peer::Stub>> stubs_;
 };
 
 }  // namespace rayfabric::agent

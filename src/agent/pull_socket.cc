@@ -98,7 +98,7 @@ void PullSocket::AcceptLoop() {
         UnixStream::Adopt(std::move(*accepted), "a pull-socket caller"));
     const Result<uid_t> uid = caller->PeerUid();
     if (!uid.ok() || (*uid != getuid() && *uid != 0)) {
-      agent_->CountUnauthenticated();
+      agent_->CountRefusal(Count::kRequestsUnauthenticated);
       Refuse(*caller, StatusCode::kPermissionDenied,
              "Pull: the pull socket serves processes of this agent's user (uid " +
                  std::to_string(getuid()) + ") only; " +
@@ -130,7 +130,7 @@ void PullSocket::AcceptLoop() {
         }
       }
     }
-    agent_->CountRejectedRequest();
+    agent_->CountRefusal(Count::kRequestsRejected);
     Refuse(*caller, StatusCode::kResourceExhausted, refusal, kDoorBound);
   }
 }
@@ -164,13 +164,13 @@ bool PullSocket::ServeOne(UnixStream& caller) {
   const uint32_t auth_len = LoadLe32(header + 8);
   const uint32_t body_len = LoadLe32(header + 12);
   if (std::memcmp(header, kPullSocketMagic, 4) != 0) {
-    agent_->CountRejectedRequest();
+    agent_->CountRefusal(Count::kRequestsRejected);
     return Refuse(caller, StatusCode::kInvalidArgument,
                   "Pull: not a pull-socket request (no 'RFP1' frame): speak the framing of "
                   "src/agent/pull_socket.h, or gRPC on the agent's local_socket");
   }
   if (auth_len > kPullSocketMaxAuthorization || body_len > kPullSocketMaxBody) {
-    agent_->CountRejectedRequest();
+    agent_->CountRefusal(Count::kRequestsRejected);
     return Refuse(caller, StatusCode::kInvalidArgument,
                   "Pull: a frame of " + std::to_string(auth_len) + " + " +
                       std::to_string(body_len) + " bytes is over the bounds (" +
@@ -185,7 +185,7 @@ bool PullSocket::ServeOne(UnixStream& caller) {
   }
   Status auth = credentials_.CheckAuthorization(authorization);
   if (!auth.ok()) {
-    agent_->CountUnauthenticated();
+    agent_->CountRefusal(Count::kRequestsUnauthenticated);
     return Refuse(caller, auth.code(), "Pull: " + auth.message());
   }
   std::string body;
@@ -193,7 +193,7 @@ bool PullSocket::ServeOne(UnixStream& caller) {
     return false;  // cut mid-frame: nothing to answer
   v1::PullRequest request;
   if (!request.ParseFromString(body)) {
-    agent_->CountRejectedRequest();
+    agent_->CountRefusal(Count::kRequestsRejected);
     return Refuse(caller, StatusCode::kInvalidArgument,
                   "Pull: the request's " + std::to_string(body_len) +
                       " bytes are not a rayfabric.v1.PullRequest");

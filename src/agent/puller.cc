@@ -59,6 +59,11 @@ Status FromGrpc(const grpc::Status& s, const std::string& what) {
                          " (is rayfabricd running on that node? `rayfabric status`)");
     case grpc::StatusCode::FAILED_PRECONDITION:
       return VersionMismatch(what + ": " + s.error_message());
+    case grpc::StatusCode::UNIMPLEMENTED:  // an agent older than protocol V3 (no Peer service)
+      return VersionMismatch(what +
+                             ": it does not serve rayfabric.v1.Peer (protocol V3), so it "
+                             "runs an older rayfabric (" +
+                             s.error_message() + "); run the same rayfabric version on every node");
     case grpc::StatusCode::INVALID_ARGUMENT:
       return InvalidArgument(what + ": " + s.error_message());
     case grpc::StatusCode::UNAUTHENTICATED:
@@ -123,7 +128,7 @@ void Agent::ReapAbandonedCreates() {
   if (store->abandoned_creates() == 0) return;
   auto aborted = store->ReapAbandonedCreates();
   if (aborted.ok() && *aborted > 0) {
-    abandoned_creates_aborted_ += *aborted;
+    counters_.Add(Count::kAbandonedCreatesAborted, *aborted);
     RF_LOG(kInfo, *aborted << " replica(s) whose create was given up while the store was full "
                               "were created since, and aborted");
   }
@@ -159,7 +164,7 @@ void Agent::EndFailedReplica(PullJob& job, const StorePtr& store) {
   if (job.transfer.Quiesced()) {
     (void)store->Abort(job.id);
   } else {
-    ++replicas_quarantined_;
+    counters_.Add(Count::kReplicasQuarantined);
     RF_LOG(kWarn, "replica of object " << job.id.Hex()
                                        << " kept unsealed: its failed read still has operations "
                                           "outstanding (aborted once they drain)");
@@ -230,11 +235,11 @@ void Agent::Settle(const PullBounds& bounds, const std::vector<PullJob*>& jobs) 
 Status Agent::CheckPullRequest(const v1::PullRequest& request) {
   std::string refusal = VersionRefusal(request.protocol_version(), "Pull");
   if (!refusal.empty()) {
-    ++requests_rejected_;
+    counters_.Add(Count::kRequestsRejected);
     return Status(StatusCode::kVersionMismatch, refusal);
   }
   if (request.items_size() == 0 || request.items_size() > kMaxItemsPerRequest) {
-    ++requests_rejected_;
+    counters_.Add(Count::kRequestsRejected);
     return InvalidArgument("Pull needs 1.." + std::to_string(kMaxItemsPerRequest) + " items, got " +
                            std::to_string(request.items_size()));
   }
@@ -347,7 +352,7 @@ v1::PullReply Agent::RunPull(const v1::PullRequest& request, Clock::time_point c
   }
   for (const PullJob& job : jobs) {
     if (job.result->outcome() == v1::FAILED) {
-      ++pulls_failed_;
+      counters_.Add(Count::kPullsFailed);
       RF_LOG(kWarn, "pull of object " << ShortHex(job.item->object_id())
                                       << " failed: " << v1::ErrorCode_Name(job.result->error_code())
                                       << ": " << job.result->error());
@@ -393,7 +398,7 @@ bool Agent::AnsweredLocal(PullJob& job, plasma::PlasmaClient& store) {
   auto local = store.Contains(job.id);
   if (!local.ok() || !*local) return false;
   job.result->set_outcome(v1::ALREADY_LOCAL);
-  ++pulls_already_local_;
+  counters_.Add(Count::kPullsAlreadyLocal);
   return true;
 }
 
@@ -463,7 +468,7 @@ void Agent::PullOnce(std::vector<PullJob*> pending, const PullBounds& bounds) {
       if (still_in_flight[i]) {
         // Still arriving by another pull at our deadline: Ray's get waits for that replica.
         job->result->set_outcome(v1::STOOD_ASIDE);
-        ++pulls_stood_aside_;
+        counters_.Add(Count::kPullsStoodAside);
         continue;
       }
       if (AnsweredLocal(*job, *PullStore())) continue;
@@ -643,10 +648,7 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
         refused_for_room.push_back(&job);
       }
       // The source's reason, as its code (NotFound: not there; ResourceExhausted: its bounds).
-      const int code = job.lease.error_code();
-      const StatusCode why = code > 0 && code <= static_cast<int>(StatusCode::kInternal)
-                                 ? static_cast<StatusCode>(code)
-                                 : StatusCode::kProtocolError;
+      const StatusCode why = FromErrorCode(job.lease.error_code());
       SetError(*job.result,
                Status(why, "the agent at " + source + " refused a lease on object " + job.id.Hex() +
                                ": " + v1::ErrorCode_Name(job.lease.error_code()) + ": " +
@@ -659,7 +661,7 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
     if (job.lease.data_size() > leased_size || leased_size != job.item->object_size()) {
       // The source describes an object of another size than Ray's directory does: never create
       // (and seal) a replica of its choosing.
-      ++leases_size_mismatch_;
+      counters_.Add(Count::kLeasesSizeMismatch);
       SetError(*job.result, OutOfRange("the agent at " + source + " leased object " + job.id.Hex() +
                                        " as " + std::to_string(job.lease.data_size()) + " + " +
                                        std::to_string(job.lease.metadata_size()) +
@@ -682,7 +684,7 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
       job.rail_remote.push_back(std::move(slices));
     }
     if (!described.ok()) {
-      ++leases_size_mismatch_;
+      counters_.Add(Count::kLeasesSizeMismatch);
       SetError(*job.result,
                described.WithContext("the agent at " + source + " leased object " + job.id.Hex()));
       continue;
@@ -766,7 +768,7 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
       any_pulled = any_pulled || job->result->outcome() == v1::PULLED;
       if (job->fabric_failed && job->result->outcome() == v1::FAILED) {
         if (again.empty())
-          why = Status(static_cast<StatusCode>(job->result->error_code()), job->result->error());
+          why = Status(FromErrorCode(job->result->error_code()), job->result->error());
         again.push_back(job);
       }
     }
@@ -815,7 +817,7 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
     return;
   }
   for (PullJob* job : refused_for_room) reset(job);
-  ++pulls_asked_again_for_room_;
+  counters_.Add(Count::kPullsAskedAgainForRoom);
   RF_LOG(kInfo, refused_for_room.size()
                     << " object(s) refused by " << source
                     << " for want of room: asked again, this node's leases there given back");
@@ -828,7 +830,7 @@ bool Agent::RefusedForLeaseEnd(PullJob& job, const std::string& source) {
   const auto margin = std::min<Clock::duration>(
       kLeaseMargin, std::chrono::milliseconds(job.lease.expires_in_ms()) / 4);
   if (Clock::now() + margin <= job.lease_expires) return false;
-  ++pulls_lease_expired_;
+  counters_.Add(Count::kPullsLeaseExpired);
   SetError(*job.result, TimedOut("the lease on object " + job.id.Hex() + " from " + source +
                                  " is about to expire: not read"));
   return true;
@@ -867,7 +869,7 @@ void Agent::StartReads(const SourceReads& reads, const std::vector<PullJob*>& gr
         // Sealed here already, or Ray (or another pull) is creating it: leave it to them.
         if (!AnsweredLocal(job, *reads.store)) {
           job.result->set_outcome(v1::STOOD_ASIDE);
-          ++pulls_stood_aside_;
+          counters_.Add(Count::kPullsStoodAside);
         }
       } else {
         SetError(*job.result, replica.status().WithContext("creating the local replica"));
@@ -958,8 +960,8 @@ void Agent::FinishReads(const SourceReads& reads, const std::vector<PullJob*>& w
         job.result->set_outcome(v1::PULLED);
         job.result->set_bytes(bytes);
         job.result->set_seconds(std::chrono::duration<double>(Clock::now() - job.started).count());
-        ++objects_pulled_;
-        bytes_pulled_ += bytes;
+        counters_.Add(Count::kObjectsPulled);
+        counters_.Add(Count::kBytesPulled, bytes);
         job.created = false;
       } else {
         SetError(*job.result, sealed[i].WithContext("sealing the replica of object " +
@@ -994,7 +996,7 @@ void Agent::FinishReads(const SourceReads& reads, const std::vector<PullJob*>& w
     if (s.ok() && Clock::now() >= job->lease_expires) {
       // The read finished, but maybe after the source unpinned the object: its bytes may be
       // another object's. Never seal them.
-      ++pulls_lease_expired_;
+      counters_.Add(Count::kPullsLeaseExpired);
       s = TimedOut("the read of object " + job->id.Hex() + " from " + reads.source +
                    " finished after its lease expired: not sealed");
     }

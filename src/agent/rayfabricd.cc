@@ -27,7 +27,8 @@
 #include <string>
 
 #include "agent/agent.h"
-#include "agent/grpc_service.h"
+#include "agent/local_service.h"
+#include "agent/peer_service.h"
 #include "agent/pull_socket.h"
 #include "common/unix_socket.h"
 #include "rayfabric/hex.h"
@@ -135,18 +136,30 @@ int main(int argc, char** argv) {
       host.size() > 2 && host.front() == '[' ? host.substr(1, host.size() - 2) : host;
   auto agent = Agent::Open(flags->agent);
   if (!agent.ok()) return StartupError(agent.status());
-  AgentService service(agent->get(), *credentials);
-  grpc::ServerBuilder builder;
+  // Two servers, so that which face is served where is structural: the network port serves Peer
+  // (and Local's methods only as refusals); the Unix socket serves Peer and Local.
+  const ServiceGuard guard(agent->get(), *credentials);
+  PeerService peer_service(guard);
+  LocalService local_service(guard);
+  LocalRefused local_refused(guard);
+  LegacyService legacy_service(guard);
+  const auto build = [&](const std::string& address, int* port, grpc::Service* local) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(address, credentials->ServerCredentials(), port);
+    builder.SetMaxReceiveMessageSize(64 << 20);
+    builder.SetMaxSendMessageSize(64 << 20);
+    builder.RegisterService(&peer_service);
+    builder.RegisterService(local);
+    builder.RegisterService(&legacy_service);
+    return builder.BuildAndStart();
+  };
   int port = 0;
-  builder.AddListeningPort(flags->listen, credentials->ServerCredentials(), &port);
+  std::unique_ptr<grpc::Server> network = build(flags->listen, &port, &local_refused);
   // A stale socket of an earlier agent of this node would make the bind fail.
   unlink(flags->local_socket.c_str());
-  builder.AddListeningPort("unix:" + flags->local_socket, credentials->ServerCredentials());
-  builder.SetMaxReceiveMessageSize(64 << 20);
-  builder.SetMaxSendMessageSize(64 << 20);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) {
+  std::unique_ptr<grpc::Server> local =
+      network ? build("unix:" + flags->local_socket, nullptr, &local_service) : nullptr;
+  if (!network || port == 0 || !local) {
     return StartupError(rayfabric::Unavailable("cannot listen on " + flags->listen +
                                                " and unix:" + flags->local_socket +
                                                " (address in use, not local, or the socket's "
@@ -192,7 +205,9 @@ int main(int argc, char** argv) {
   int sig = 0;
   sigwait(&stop, &sig);
   RF_LOG(kInfo, "rayfabricd: signal " << sig << ", shutting down");
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  const auto grace = std::chrono::system_clock::now() + std::chrono::seconds(2);
+  network->Shutdown(grace);
+  local->Shutdown(grace);
   pull_socket.reset();
   agent->reset();
   // Only our own socket: a newer agent of this node may have bound the path since.

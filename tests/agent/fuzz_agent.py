@@ -6,7 +6,8 @@ nothing left pinned, no lease left active once the fuzzer's leases expired.
 
 The CI form (meson test fuzz_agent) sends 20,000; the long form is the command above (see
 docs/agent.md for the last run). Requests go to both ports: the network port (Info, LeaseObjects,
-ReleaseLeases, GetStatus, and Pull and ReportFallbacks, which must be refused there), the local
+ReleaseLeases, GetStatus, and Pull and ReportFallbacks, which must be refused there; 5% of them as
+protocol V2's service rayfabric.v1.Agent, refused but for Info), the local
 Unix socket (Pull, ReportFallbacks) and the pull socket (Pull framed as src/agent/pull_socket.h says,
 and raw bytes: random headers, lengths and magic, frames cut short).
 Kinds: random bytes as any method's payload; well-formed messages with random field values
@@ -72,7 +73,7 @@ def rand_id(rng, real_ids):
 
 
 def rand_version(rng):
-    return pb.PROTOCOL_V2 if rng.random() < 0.85 else rng.choice([0, 1, 3, 2**32 - 1])
+    return pb.PROTOCOL_V3 if rng.random() < 0.85 else rng.choice([0, 1, 2, 4, 2**32 - 1])
 
 
 def hostile_owner(rng):
@@ -220,7 +221,8 @@ def main():
                 os.kill(pid, 0)  # raises if the agent died
             continue
         try:
-            client.raw_call(method, payload, timeout=10)
+            # Now and then as protocol V2's single service, which refuses all but Info.
+            client.raw_call(method, payload, timeout=10, service="Agent" if rng.random() < 0.05 else None)
             counts["ok"] += 1
         except grpc.RpcError as e:
             counts[e.code().name] = counts.get(e.code().name, 0) + 1
@@ -239,8 +241,9 @@ def main():
     def pinned():
         deadline = time.monotonic() + 30
         while True:
-            st = {r["address"]: AgentClient(r["address"]).status() for r in records.values()}
-            busy = {a: (s.leases_active, s.pinned_bytes) for a, s in st.items() if s.leases_active or s.pinned_bytes}
+            st = {r["address"]: AgentClient(r["address"]).counters() for r in records.values()}
+            busy = {a: (s["leases_active"], s["pinned_bytes"]) for a, s in st.items()
+                    if s["leases_active"] or s["pinned_bytes"]}
             if not busy or time.monotonic() > deadline:
                 return busy, st
             time.sleep(0.5)

@@ -327,7 +327,7 @@ def test_same_object_pulled_by_one_agent_concurrently(cluster):
     ref = ray.put(value)  # on n0
     item = pull_item(ref, cluster["records"][cluster["nodes"]["n0"]]["address"])
     c = client_of(cluster, "n1", local=True)
-    before = c.status()
+    before = c.counters()
     requests = [[item], [item], [item], [item, item]]
     with concurrent_pool(len(requests)) as pool:
         replies = list(pool.map(lambda items: c.pull(items, 60), requests))
@@ -336,12 +336,12 @@ def test_same_object_pulled_by_one_agent_concurrently(cluster):
     assert errors == [], errors
     assert outcomes.count("PULLED") == 1, outcomes
     assert set(outcomes) <= {"PULLED", "ALREADY_LOCAL", "STOOD_ASIDE"}, outcomes
-    after = c.status()
-    assert after.objects_pulled - before.objects_pulled == 1
-    assert after.pulls_failed == before.pulls_failed
+    after = c.counters()
+    assert after["objects_pulled"] - before["objects_pulled"] == 1
+    assert after["pulls_failed"] == before["pulls_failed"]
     pulled_bytes = sum(r.bytes for reply in replies for r in reply.results)
     assert pulled_bytes >= 128 * MiB
-    assert after.fabric_bytes_read - before.fabric_bytes_read == pulled_bytes  # read once
+    assert after["fabric_bytes_read"] - before["fabric_bytes_read"] == pulled_bytes  # read once
     assert ray.get(on("n1", digest_task).remote([ref])) == digest_of(value)
     del ref
     assert wait_idle() == {}
@@ -467,7 +467,7 @@ def test_pull_behind_a_stuck_pull_of_the_same_object(cluster):
     item = pull_item(ref, source)
     c = client_of(cluster, "n1", local=True)
     try:
-        before = c.status()
+        before = c.counters()
         with concurrent_pool(1) as pool:
             stuck = pool.submit(c.pull, [item], 4)
             time.sleep(0.5)  # the first Pull has claimed the object
@@ -476,9 +476,9 @@ def test_pull_behind_a_stuck_pull_of_the_same_object(cluster):
         assert aside.outcome == pb.STOOD_ASIDE, aside
         assert first.outcome == pb.FAILED and error_name(first.error_code) == "Unavailable", first
         assert source in first.error and "is rayfabricd running" in first.error, first.error
-        mid = c.status()
-        assert mid.pulls_stood_aside - before.pulls_stood_aside == 1
-        assert mid.pulls_failed - before.pulls_failed == 1
+        mid = c.counters()
+        assert mid["pulls_stood_aside"] - before["pulls_stood_aside"] == 1
+        assert mid["pulls_failed"] - before["pulls_failed"] == 1
         with concurrent_pool(1) as pool:
             stuck = pool.submit(c.pull, [item], 1)
             time.sleep(0.3)
@@ -491,7 +491,7 @@ def test_pull_behind_a_stuck_pull_of_the_same_object(cluster):
         # its own deadline.
         assert retried.outcome == pb.FAILED and error_name(retried.error_code) == "Unavailable", retried
         assert waited >= 2.5, waited
-        assert c.status().pulls_failed - mid.pulls_failed == 2
+        assert c.counters()["pulls_failed"] - mid["pulls_failed"] == 2
     finally:
         hung.close()
     del ref
@@ -585,7 +585,7 @@ def test_a_cancelled_pull_lets_go_at_once(cluster, face):
     path = cluster["records"][cluster["nodes"]["n1"]]["pull_socket"]
     try:
         if face == "grpc":
-            future = c._pull.future(pb.PullRequest(protocol_version=pb.PROTOCOL_V2, items=[stuck], timeout_ms=30000),
+            future = c._pull.future(pb.PullRequest(protocol_version=pb.PROTOCOL_V3, items=[stuck], timeout_ms=30000),
                                     timeout=40)
         else:
             caller = PullSocketClient(path)
@@ -663,7 +663,7 @@ def test_pull_of_an_object_already_here(cluster):
     out = ray.get(on("n0", fetch).remote([ref], "prefetch"))
     assert out["pulled"] == 1 and out["local_before_get"] == [True], out
     c = client_of(cluster, "n0", local=True)
-    before = c.status()
+    before = c.counters()
     source = cluster["records"][cluster["nodes"]["n1"]]["address"]
     dead = socket.socket()
     dead.bind(("127.0.0.1", 0))
@@ -672,9 +672,9 @@ def test_pull_of_an_object_already_here(cluster):
     for src in (source, dead_address):
         result = c.pull([pull_item(ref, src)], 10).results[0]
         assert result.outcome == pb.ALREADY_LOCAL, (src, result)
-    after = c.status()
-    assert after.pulls_already_local - before.pulls_already_local == 2
-    assert after.objects_pulled == before.objects_pulled and after.pulls_failed == before.pulls_failed
+    after = c.counters()
+    assert after["pulls_already_local"] - before["pulls_already_local"] == 2
+    assert after["objects_pulled"] == before["objects_pulled"] and after["pulls_failed"] == before["pulls_failed"]
     del ref
     assert wait_idle() == {}
 
@@ -1003,7 +1003,7 @@ def test_forged_and_expired_leases(cluster):
 def test_malformed_and_wrong_version_requests(cluster):
     import grpc
     c = client_of(cluster, "n1", local=True)
-    before = c.status()
+    before = c.counters()
     with pytest.raises(grpc.RpcError) as garbage:
         c.raw_call("Pull", b"\xff\xfe\xfd garbage that is not a PullRequest")
     assert garbage.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT)
@@ -1012,15 +1012,15 @@ def test_malformed_and_wrong_version_requests(cluster):
     assert version.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "protocol_version 7" in version.value.details()
     with pytest.raises(grpc.RpcError) as empty:
-        c._pull(pb.PullRequest(protocol_version=pb.PROTOCOL_V2), timeout=10)
+        c._pull(pb.PullRequest(protocol_version=pb.PROTOCOL_V3), timeout=10)
     assert empty.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     bad = c.pull([pb.PullItem(object_id=b"xx", source_agent="127.0.0.1:1", object_size=1)], 5)
     assert bad.results[0].outcome == pb.FAILED and error_name(bad.results[0].error_code) == "InvalidArgument"
     unreachable = c.pull([pb.PullItem(object_id=b"\x02" * 28, source_agent="127.0.0.1:1", object_size=1)], 5)
     assert unreachable.results[0].outcome == pb.FAILED
     assert error_name(unreachable.results[0].error_code) == "Unavailable", unreachable.results[0]
-    after = c.status()
-    assert after.requests_rejected - before.requests_rejected == 2
+    after = c.counters()
+    assert after["requests_rejected"] - before["requests_rejected"] == 2
     # And it keeps serving real pulls.
     ref = on("n0", produce).remote("numpy", 4 * MiB, 77)
     ray.wait([ref], fetch_local=False)
@@ -1086,9 +1086,9 @@ def test_agent_killed_mid_transfer(cluster):
         src = AgentClient(_agents.published()[src_node]["address"])
         pending = on("n0", fetch).remote([ref], "get", 120)
         deadline = time.time() + 60
-        while time.time() < deadline and src.status().leases_active == 0:
+        while time.time() < deadline and src.counters()["leases_active"] == 0:
             time.sleep(0.01)
-        killed_mid_transfer = src.status().leases_active > 0
+        killed_mid_transfer = src.counters()["leases_active"] > 0
         assert ray.get(src_actor.kill_agent.remote()) != 0
         t0 = time.time()
         out = ray.get(pending, timeout=180)

@@ -1,0 +1,42 @@
+// The protocol's error codes are rayfabric's StatusCode values: both ways here, and checked when
+// the agent is compiled, so that neither enum can move without the other.
+#pragma once
+
+#include "agent.pb.h"
+#include "rayfabric/status.h"
+
+namespace rayfabric::agent {
+
+namespace v1 = ::rayfabric::v1;
+
+#define RAYFABRIC_SAME_CODE(wire, status) \
+  static_assert(static_cast<int>(v1::wire) == static_cast<int>(StatusCode::status), #wire)
+RAYFABRIC_SAME_CODE(ERROR_CODE_NONE, kOk);
+RAYFABRIC_SAME_CODE(ERROR_CODE_INVALID_ARGUMENT, kInvalidArgument);
+RAYFABRIC_SAME_CODE(ERROR_CODE_NOT_FOUND, kNotFound);
+RAYFABRIC_SAME_CODE(ERROR_CODE_ALREADY_EXISTS, kAlreadyExists);
+RAYFABRIC_SAME_CODE(ERROR_CODE_OUT_OF_RANGE, kOutOfRange);
+RAYFABRIC_SAME_CODE(ERROR_CODE_PERMISSION_DENIED, kPermissionDenied);
+RAYFABRIC_SAME_CODE(ERROR_CODE_RESOURCE_EXHAUSTED, kResourceExhausted);
+RAYFABRIC_SAME_CODE(ERROR_CODE_TIMED_OUT, kTimedOut);
+RAYFABRIC_SAME_CODE(ERROR_CODE_UNAVAILABLE, kUnavailable);
+RAYFABRIC_SAME_CODE(ERROR_CODE_FABRIC_ERROR, kFabricError);
+RAYFABRIC_SAME_CODE(ERROR_CODE_PROTOCOL_ERROR, kProtocolError);
+RAYFABRIC_SAME_CODE(ERROR_CODE_VERSION_MISMATCH, kVersionMismatch);
+RAYFABRIC_SAME_CODE(ERROR_CODE_ABORTED, kAborted);
+RAYFABRIC_SAME_CODE(ERROR_CODE_INTERNAL, kInternal);
+#undef RAYFABRIC_SAME_CODE
+// No wire code without a StatusCode of its own.
+static_assert(v1::ErrorCode_MAX == static_cast<int>(StatusCode::kInternal),
+              "agent.proto's ErrorCode and rayfabric::StatusCode differ in length");
+
+inline v1::ErrorCode ToErrorCode(StatusCode code) { return static_cast<v1::ErrorCode>(code); }
+
+// A peer's code as a StatusCode: one this agent does not know (a newer or broken peer) is a
+// protocol error; NONE is not an error, and is a protocol error where one was due.
+inline StatusCode FromErrorCode(int code) {
+  return code > 0 && code <= v1::ErrorCode_MAX ? static_cast<StatusCode>(code)
+                                               : StatusCode::kProtocolError;
+}
+
+}  // namespace rayfabric::agent
