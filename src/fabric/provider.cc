@@ -18,36 +18,95 @@
 namespace rayfabric::fabric {
 namespace {
 
-// The ranking, in one table: hardware RDMA first, then socket emulations. Providers not listed
-// rank lowest and count as non-RDMA.
-struct ProviderRank {
+// Which fabrics a node opens by default: one of each class that reaches other hosts.
+enum class FabricClass { kRdma, kSockets, kOther };
+
+// How a provider's target checks the key of an incoming RMA, and what fi_close() of a
+// registration does to that key (ProviderProfile's key fields; see DecideKeyLifetime).
+enum class KeyScheme {
+  kUnknown,          // not checked against the provider's sources: promise nothing
+  kVerifiedMap,      // keys verified in an MR map that fi_close() removes them from
+  kVerbsMrCache,     // verbs: libfabric's MR cache, unless FI_MR_CACHE_* turns it off
+  kEfaMrCache,       // efa: its MR cache without FI_MR_LOCAL, unless FI_EFA_MR_CACHE_ENABLE=0
+  kUnchecked,        // shm: process_vm_readv/writev; no key is looked at
+  kUtilityVerified,  // ofi_rxd: RMA emulated with messages, the utility verifies its own keys
+};
+
+// What rayfabric knows of each provider, as libfabric names it (a core provider, or
+// "core;utility"): one row per provider, as libfabric's own *_attr.c and UCX's iface_query declare
+// capabilities; every profile field that depends on the provider is computed from its row. The
+// facts are libfabric 1.17's (the same code paths are in 1.18 - 1.20): verbs_domain.c /
+// verbs_mr.c (ofi_mr_cache_init), util_mr_cache.c, util_mem_monitor.c, efa_domain.c, rxd_cq.c,
+// tcpx_progress.c, xnet_progress.c, sock_progress.c, smr_*.c.
+struct ProviderTraits {
   const char* name;
-  int rank;
+  int rank;  // higher is preferred; hardware RDMA first, then socket emulations
   bool rdma;
+  FabricClass fabric_class;
+  KeyScheme keys;
+  // Under manual progress, bytes move only inside this process's libfabric calls (1.17's tcp
+  // and net have no progress thread: tcpx_progress runs inside CQ reads and endpoint calls).
+  bool progress_by_caller;
+  // Names a shared resource of each endpoint after its source address, by default the pid.
+  bool names_endpoint_by_pid;
   const char* note;
 };
 
-constexpr ProviderRank kRanks[] = {
-    {"cxi", 100, true, "HPE Slingshot"},
-    {"efa", 100, true, "AWS Elastic Fabric Adapter"},
-    {"verbs;ofi_rxm", 90, true, "InfiniBand / RoCE verbs under the RDM utility provider"},
-    {"opx", 85, true, "Omni-Path Express"},
-    {"psm3", 80, true, "Intel PSM3 (verbs-based)"},
-    {"psm2", 80, true, "Omni-Path PSM2"},
-    {"verbs;ofi_rxd", 70, true, "verbs datagrams under the RDM utility provider"},
-    {"tcp;ofi_rxm", 50, false, "TCP sockets (no RDMA)"},
-    {"tcp", 50, false, "TCP sockets (no RDMA)"},
-    {"net", 45, false, "TCP sockets, native RDM (no RDMA)"},
-    {"sockets", 30, false, "legacy sockets provider (no RDMA)"},
-    {"shm", 10, false, "shared memory: same host only"},
-    {"udp;ofi_rxd", 5, false, "UDP datagrams (slow)"},
+constexpr FabricClass kRdmaClass = FabricClass::kRdma;
+constexpr FabricClass kSocketClass = FabricClass::kSockets;
+constexpr FabricClass kOtherClass = FabricClass::kOther;
+
+constexpr ProviderTraits kProviders[] = {
+    {"cxi", 100, true, kRdmaClass, KeyScheme::kUnknown, false, false, "HPE Slingshot"},
+    {"efa", 100, true, kRdmaClass, KeyScheme::kEfaMrCache, false, false,
+     "AWS Elastic Fabric Adapter"},
+    {"verbs;ofi_rxm", 90, true, kRdmaClass, KeyScheme::kVerbsMrCache, false, false,
+     "InfiniBand / RoCE verbs under the RDM utility provider"},
+    {"opx", 85, true, kRdmaClass, KeyScheme::kUnknown, false, false, "Omni-Path Express"},
+    {"psm3", 80, true, kRdmaClass, KeyScheme::kUnknown, false, false, "Intel PSM3 (verbs-based)"},
+    {"psm2", 80, true, kRdmaClass, KeyScheme::kUnknown, false, false, "Omni-Path PSM2"},
+    {"verbs;ofi_rxd", 70, true, kRdmaClass, KeyScheme::kUtilityVerified, false, false,
+     "verbs datagrams under the RDM utility provider"},
+    {"tcp;ofi_rxm", 50, false, kSocketClass, KeyScheme::kVerifiedMap, true, false,
+     "TCP sockets (no RDMA)"},
+    {"tcp", 50, false, kSocketClass, KeyScheme::kVerifiedMap, true, false, "TCP sockets (no RDMA)"},
+    {"net", 45, false, kSocketClass, KeyScheme::kVerifiedMap, true, false,
+     "TCP sockets, native RDM (no RDMA)"},
+    {"sockets", 30, false, kSocketClass, KeyScheme::kVerifiedMap, false, false,
+     "legacy sockets provider (no RDMA)"},
+    {"shm", 10, false, kOtherClass, KeyScheme::kUnchecked, false, true,
+     "shared memory: same host only"},
+    {"udp;ofi_rxd", 5, false, kOtherClass, KeyScheme::kUtilityVerified, false, false,
+     "UDP datagrams (slow)"},
 };
 
-const ProviderRank* FindRank(const std::string& name) {
-  for (const ProviderRank& r : kRanks) {
-    if (name == r.name) return &r;
+// The row of exactly `name`, or null for a provider not in the table.
+const ProviderTraits* FindProvider(const std::string& name) {
+  for (const ProviderTraits& row : kProviders) {
+    if (name == row.name) return &row;
   }
   return nullptr;
+}
+
+// The traits of any provider: its row; else, for a combination not in the table
+// ("sockets;ofi_rxm"), unranked and not RDMA, with its core provider's keys, class and progress
+// (ofi_rxd's keys where that is the utility); else nothing known (KeyScheme::kUnknown, not opened
+// by default).
+ProviderTraits TraitsOf(const std::string& name) {
+  if (const ProviderTraits* row = FindProvider(name)) return *row;
+  const size_t semi = name.find(';');
+  const ProviderTraits* core = FindProvider(name.substr(0, semi));
+  ProviderTraits out{nullptr, 1, false, kOtherClass, KeyScheme::kUnknown, false, false, nullptr};
+  if (core != nullptr) {
+    out.fabric_class = core->fabric_class == kRdmaClass ? kOtherClass : core->fabric_class;
+    out.keys = core->keys;
+    out.progress_by_caller = core->progress_by_caller;
+    out.names_endpoint_by_pid = core->names_endpoint_by_pid;
+  }
+  if (semi != std::string::npos && name.substr(semi + 1) == "ofi_rxd") {
+    out.keys = KeyScheme::kUtilityVerified;
+  }
+  return out;
 }
 
 bool IsLoopbackDomain(const std::string& domain) { return domain == "lo"; }
@@ -68,97 +127,107 @@ int FiEnvBool(const char* name, int fallback) {
   return fallback;  // libfabric ignores a value it cannot parse
 }
 
-// Fills the key-lifetime fields of `p` (see ProviderProfile) from the provider's name components
-// and the user's FI_* variables, as libfabric 1.17 decides it (the same code paths are in 1.18 -
-// 1.20): verbs_domain.c / verbs_mr.c (ofi_mr_cache_init; a NULL system monitor means no cache),
-// util_mr_cache.c (max_cnt == 0 -> no cache), util_mem_monitor.c (FI_MR_CACHE_MAX_COUNT,
-// FI_MR_CACHE_MONITOR=disabled), efa_domain.c (cache only without FI_MR_LOCAL and with
-// FI_EFA_MR_CACHE_ENABLE), rxd_cq.c / tcpx_progress.c / xnet_progress.c / sock_progress.c (the
-// target verifies the key in a map fi_close() removes it from), shm (no key check at all).
-void DecideKeyLifetime(ProviderProfile& p) {
+// KeyScheme::kVerbsMrCache: whether libfabric's MR cache is on (a NULL system monitor means no
+// cache; max_cnt == 0 too), from the user's FI_* variables.
+void DecideVerbsKeys(ProviderProfile& p) {
+  const char* max_count = FiEnv("FI_MR_CACHE_MAX_COUNT");
+  const char* monitor = FiEnv("FI_MR_CACHE_MONITOR");
+  const bool monitor_off = monitor != nullptr && std::strcmp(monitor, "disabled") == 0;
+  if (max_count != nullptr && std::strtol(max_count, nullptr, 0) == 0) {
+    p.key_lifetime = "verbs MR cache off (FI_MR_CACHE_MAX_COUNT=" + std::string(max_count) +
+                     "): fi_close() deregisters the ibv MR at once";
+  } else if (monitor_off &&
+             (!p.device_memory || FiEnvBool("FI_MR_CUDA_CACHE_MONITOR_ENABLED", 1) == 0)) {
+    p.key_lifetime = "verbs MR cache off (FI_MR_CACHE_MONITOR=disabled" +
+                     std::string(p.device_memory ? ", FI_MR_CUDA_CACHE_MONITOR_ENABLED=0" : "") +
+                     "): fi_close() deregisters the ibv MR at once";
+  } else if (monitor_off) {
+    // FI_HMEM: CUDA registrations have a monitor of their own, which FI_MR_CACHE_MONITOR leaves on.
+    p.mr_cache = true;
+    p.key_lifetime =
+        "verbs caches CUDA registrations (FI_MR_CACHE_MONITOR=disabled covers host memory only): "
+        "set FI_MR_CUDA_CACHE_MONITOR_ENABLED=0 as well";
+  } else {
+    p.mr_cache = true;
+    p.key_lifetime =
+        "verbs registers through libfabric's MR cache: after fi_close() the ibv MR and its key "
+        "stay valid until the cache evicts it (FI_MR_CACHE_MAX_COUNT, default 1024) or the pages "
+        "are unmapped; set FI_MR_CACHE_MONITOR=disabled (and FI_MR_CUDA_CACHE_MONITOR_ENABLED=0) "
+        "or FI_MR_CACHE_MAX_COUNT=0 to make deregistration revoke keys";
+  }
+  p.deregistration_revokes_keys = !p.mr_cache;
+  p.enforces_access = !p.mr_cache;
+  p.access_note = p.mr_cache
+                      ? "the verbs MR cache registers every region with remote read, write and "
+                        "atomic access, whatever was asked: set FI_MR_CACHE_MONITOR=disabled "
+                        "(rayfabric's default) or FI_MR_CACHE_MAX_COUNT=0"
+                      : "verbs without the MR cache registers with exactly the access asked for";
+}
+
+// KeyScheme::kEfaMrCache: efa opens its MR cache only without FI_MR_LOCAL and with
+// FI_EFA_MR_CACHE_ENABLE.
+void DecideEfaKeys(ProviderProfile& p) {
+  if (p.local_desc) {
+    p.key_lifetime = "efa with FI_MR_LOCAL opens no MR cache: fi_close() deregisters at once";
+  } else if (FiEnvBool("FI_EFA_MR_CACHE_ENABLE", 1) == 0) {
+    p.key_lifetime = "efa MR cache off (FI_EFA_MR_CACHE_ENABLE=0): fi_close() deregisters at once";
+  } else {
+    p.mr_cache = true;
+    p.key_lifetime =
+        "efa without FI_MR_LOCAL registers through libfabric's MR cache: keys outlive fi_close() "
+        "until evicted; set FI_EFA_MR_CACHE_ENABLE=0 to make deregistration revoke keys";
+  }
+  p.deregistration_revokes_keys = !p.mr_cache;
+  // From efa_mr.c (1.17), not run here: the device registration never grants remote write, and
+  // emulated writes are checked against the region's access; but a device with RDMA read can
+  // read every registration, local-only ones included.
+  p.enforces_access = !p.mr_cache;
+  p.access_note = p.mr_cache ? "efa MR cache on: access not known to be enforced"
+                             : "efa: no remote write beyond what was asked (read: see docs)";
+}
+
+// Fills the key-lifetime and access fields of `p` (see ProviderProfile) from the provider's
+// traits and the user's FI_* variables.
+void DecideKeyLifetime(const ProviderTraits& traits, ProviderProfile& p) {
   const std::string& name = p.provider;
-  const size_t semi = name.find(';');
-  const std::string core = name.substr(0, semi);
-  const std::string util = semi == std::string::npos ? "" : name.substr(semi + 1);
+  const std::string core = name.substr(0, name.find(';'));
   p.checks_remote_keys = true;
   p.mr_cache = false;
   p.enforces_access = false;
   p.access_note = "not known for provider " + name + ": assume peers may write what they can key";
-  if (util == "ofi_rxd") {
-    // rxd emulates RMA with messages and verifies its own keys (ofi_mr_verify on its util MR map);
-    // the core provider's registrations are rxd's bounce buffers, never a user key.
-    p.deregistration_revokes_keys = true;
-    p.key_lifetime = "ofi_rxd verifies its own keys; fi_close() removes them at once";
-  } else if (core == "verbs") {
-    const char* max_count = FiEnv("FI_MR_CACHE_MAX_COUNT");
-    const char* monitor = FiEnv("FI_MR_CACHE_MONITOR");
-    if (max_count != nullptr && std::strtol(max_count, nullptr, 0) == 0) {
-      p.key_lifetime = "verbs MR cache off (FI_MR_CACHE_MAX_COUNT=" + std::string(max_count) +
-                       "): fi_close() deregisters the ibv MR at once";
-    } else if (monitor != nullptr && std::strcmp(monitor, "disabled") == 0 &&
-               (!p.device_memory || FiEnvBool("FI_MR_CUDA_CACHE_MONITOR_ENABLED", 1) == 0)) {
-      p.key_lifetime = "verbs MR cache off (FI_MR_CACHE_MONITOR=disabled" +
-                       std::string(p.device_memory ? ", FI_MR_CUDA_CACHE_MONITOR_ENABLED=0" : "") +
-                       "): fi_close() deregisters the ibv MR at once";
-    } else if (monitor != nullptr && std::strcmp(monitor, "disabled") == 0) {
-      // FI_HMEM: CUDA registrations have a monitor of their own, which FI_MR_CACHE_MONITOR leaves
-      // on.
-      p.mr_cache = true;
+  switch (traits.keys) {
+    case KeyScheme::kUtilityVerified:
+      // The core provider's registrations are rxd's bounce buffers, never a user key.
+      p.deregistration_revokes_keys = true;
+      p.key_lifetime = "ofi_rxd verifies its own keys; fi_close() removes them at once";
+      break;
+    case KeyScheme::kVerbsMrCache:
+      DecideVerbsKeys(p);
+      break;
+    case KeyScheme::kEfaMrCache:
+      DecideEfaKeys(p);
+      break;
+    case KeyScheme::kUnchecked:
+      p.checks_remote_keys = false;
+      p.deregistration_revokes_keys = false;
       p.key_lifetime =
-          "verbs caches CUDA registrations (FI_MR_CACHE_MONITOR=disabled covers host memory only): "
-          "set FI_MR_CUDA_CACHE_MONITOR_ENABLED=0 as well";
-    } else {
-      p.mr_cache = true;
+          core +
+          " never checks RMA keys (process_vm_readv/writev): any same-host peer with the address "
+          "can access the memory while it is mapped, registered or not";
+      p.access_note = core + " checks neither keys nor access (process_vm_readv/writev)";
+      break;
+    case KeyScheme::kVerifiedMap:
+      p.deregistration_revokes_keys = true;
+      p.key_lifetime = core + " verifies keys in its MR map; fi_close() removes them at once";
+      p.enforces_access = true;
+      p.access_note = core + " checks each RMA's access against the region's (ofi_mr_verify)";
+      break;
+    case KeyScheme::kUnknown:
+      // psm2, psm3, opx, cxi, usnic, ...: not checked against their sources; do not promise.
+      p.deregistration_revokes_keys = false;
       p.key_lifetime =
-          "verbs registers through libfabric's MR cache: after fi_close() the ibv MR and its key "
-          "stay valid until the cache evicts it (FI_MR_CACHE_MAX_COUNT, default 1024) or the pages "
-          "are unmapped; set FI_MR_CACHE_MONITOR=disabled (and FI_MR_CUDA_CACHE_MONITOR_ENABLED=0) "
-          "or FI_MR_CACHE_MAX_COUNT=0 to make deregistration revoke keys";
-    }
-    p.deregistration_revokes_keys = !p.mr_cache;
-    p.enforces_access = !p.mr_cache;
-    p.access_note = p.mr_cache
-                        ? "the verbs MR cache registers every region with remote read, write and "
-                          "atomic access, whatever was asked: set FI_MR_CACHE_MONITOR=disabled "
-                          "(rayfabric's default) or FI_MR_CACHE_MAX_COUNT=0"
-                        : "verbs without the MR cache registers with exactly the access asked for";
-  } else if (core == "efa") {
-    if (p.local_desc) {
-      p.key_lifetime = "efa with FI_MR_LOCAL opens no MR cache: fi_close() deregisters at once";
-    } else if (FiEnvBool("FI_EFA_MR_CACHE_ENABLE", 1) == 0) {
-      p.key_lifetime =
-          "efa MR cache off (FI_EFA_MR_CACHE_ENABLE=0): fi_close() deregisters at once";
-    } else {
-      p.mr_cache = true;
-      p.key_lifetime =
-          "efa without FI_MR_LOCAL registers through libfabric's MR cache: keys outlive fi_close() "
-          "until evicted; set FI_EFA_MR_CACHE_ENABLE=0 to make deregistration revoke keys";
-    }
-    p.deregistration_revokes_keys = !p.mr_cache;
-    // From efa_mr.c (1.17), not run here: the device registration never grants remote write, and
-    // emulated writes are checked against the region's access; but a device with RDMA read can
-    // read every registration, local-only ones included.
-    p.enforces_access = !p.mr_cache;
-    p.access_note = p.mr_cache ? "efa MR cache on: access not known to be enforced"
-                               : "efa: no remote write beyond what was asked (read: see docs)";
-  } else if (core == "shm") {
-    p.checks_remote_keys = false;
-    p.deregistration_revokes_keys = false;
-    p.key_lifetime =
-        "shm never checks RMA keys (process_vm_readv/writev): any same-host peer with the address "
-        "can access the memory while it is mapped, registered or not";
-    p.access_note = "shm checks neither keys nor access (process_vm_readv/writev)";
-    p.names_endpoint_by_pid = true;
-  } else if (core == "tcp" || core == "net" || core == "sockets") {
-    p.deregistration_revokes_keys = true;
-    p.key_lifetime = core + " verifies keys in its MR map; fi_close() removes them at once";
-    p.enforces_access = true;
-    p.access_note = core + " checks each RMA's access against the region's (ofi_mr_verify)";
-  } else {
-    // psm2, psm3, opx, cxi, usnic, ...: not checked against their sources; do not promise.
-    p.deregistration_revokes_keys = false;
-    p.key_lifetime =
-        "not known for provider " + name + ": assume a deregistered key may stay valid";
+          "not known for provider " + name + ": assume a deregistered key may stay valid";
+      break;
   }
 }
 
@@ -198,8 +267,8 @@ ProviderProfile ProfileFromInfo(const struct fi_info* info) {
   p.provider = info->fabric_attr->prov_name ? info->fabric_attr->prov_name : "";
   p.domain = info->domain_attr->name ? info->domain_attr->name : "";
   p.fabric = info->fabric_attr->name ? info->fabric_attr->name : "";
-  const ProviderRank* rank = FindRank(p.provider);
-  p.rdma = rank != nullptr && rank->rdma;
+  const ProviderTraits traits = TraitsOf(p.provider);
+  p.rdma = traits.rdma;
   uint64_t mode = static_cast<uint64_t>(info->domain_attr->mr_mode);
   p.mr_mode = mode;
   p.local_desc = (mode & FI_MR_LOCAL) != 0;
@@ -212,18 +281,16 @@ ProviderProfile ProfileFromInfo(const struct fi_info* info) {
   p.max_msg_size = info->ep_attr->max_msg_size;
   p.rma_iov_limit = info->tx_attr->rma_iov_limit;
   p.manual_progress = info->domain_attr->data_progress != FI_PROGRESS_AUTO;
-  // Known to move nothing without this process's progress calls: libfabric 1.17's tcp and net
-  // (no progress thread of their own: tcpx_progress runs inside CQ reads and endpoint calls) under
-  // ofi_rxm or alone. Everything else, unknown providers included, is assumed to move bytes by
-  // itself (hardware RDMA, or a provider thread like sockets').
-  const std::string core = p.provider.substr(0, p.provider.find(';'));
-  p.bytes_move_without_progress = !((core == "tcp" || core == "net") && p.manual_progress);
+  // Every provider not known to need this process's calls (unknown ones included) is assumed to
+  // move bytes by itself (hardware RDMA, or a provider thread like sockets').
+  p.bytes_move_without_progress = !(traits.progress_by_caller && p.manual_progress);
   p.thread_safe = info->domain_attr->threading == FI_THREAD_SAFE;
   p.string_address = info->addr_format == FI_ADDR_STR;
   p.device_memory = (info->caps & FI_HMEM) != 0;
   p.device_memory_note =
       p.device_memory ? "FI_HMEM offered: device buffers registered directly" : "host memory only";
-  DecideKeyLifetime(p);
+  p.names_endpoint_by_pid = traits.names_endpoint_by_pid;
+  DecideKeyLifetime(traits, p);
   return p;
 }
 
@@ -266,17 +333,6 @@ std::string SourceIp(const struct fi_info* info) {
               sizeof(buf));
   }
   return buf;
-}
-
-// Which fabrics a node opens by default: one of each class that reaches other hosts.
-enum class FabricClass { kRdma, kSockets, kOther };
-
-FabricClass ClassOf(const std::string& provider) {
-  const ProviderRank* rank = FindRank(provider);
-  if (rank != nullptr && rank->rdma) return FabricClass::kRdma;
-  const std::string core = provider.substr(0, provider.find(';'));
-  if (core == "tcp" || core == "net" || core == "sockets") return FabricClass::kSockets;
-  return FabricClass::kOther;  // shm (same host), udp (datagrams), unranked providers
 }
 
 // One fi_info entry and how well it fits.
@@ -342,74 +398,112 @@ void OfferDeviceMemory(SelectedProvider& selected, const EngineOptions& options)
 
 }  // namespace
 
-Result<std::vector<SelectedProvider>> SelectFabrics(const Config& config,
-                                                    const EngineOptions& options) {
-  const std::vector<std::string> wanted = SplitList(config.GetString("provider"));
-  const std::string want_domain = config.GetString("domain");
-  RF_ASSIGN_OR_RETURN(bool require_rdma, config.GetBool("require_rdma"));
-  const char* fi_provider_env = std::getenv("FI_PROVIDER");
-  const std::string filters =
-      std::string("provider='") + config.GetString("provider") + "' domain='" + want_domain + "'" +
-      (fi_provider_env ? std::string(" FI_PROVIDER='") + fi_provider_env + "'" : "");
+namespace {
 
-  // One fi_getinfo per requested provider (libfabric resolves "tcp" to "tcp;ofi_rxm"), or one
-  // for everything.
-  std::vector<std::unique_ptr<struct fi_info, InfoDeleter>> lists;
+// What the configuration asks of the selection.
+struct SelectionRequest {
+  std::vector<std::string> wanted;  // RAYFABRIC_PROVIDER's list (empty: rayfabric chooses)
+  std::string want_domain;          // RAYFABRIC_DOMAIN as given
+  std::vector<std::string> want_domains;
+  bool require_rdma = false;
+  int64_t max_rails = 1;
+  const char* fi_provider_env = nullptr;
+  std::string filters;  // the request in one line, for errors
+
+  // Where `domain` is in RAYFABRIC_DOMAIN's list, or -1.
+  int ListedAt(const std::string& domain) const {
+    auto it = std::find(want_domains.begin(), want_domains.end(), domain);
+    return it == want_domains.end() ? -1 : static_cast<int>(it - want_domains.begin());
+  }
+};
+
+Result<SelectionRequest> RequestFrom(const Config& config) {
+  SelectionRequest req;
+  req.wanted = SplitList(config.GetString("provider"));
+  req.want_domain = config.GetString("domain");
+  req.want_domains = SplitList(req.want_domain);
+  RF_ASSIGN_OR_RETURN(req.require_rdma, config.GetBool("require_rdma"));
+  RF_ASSIGN_OR_RETURN(req.max_rails, config.GetInt("max_rails"));
+  if (req.max_rails < 1 || req.max_rails > 64) {
+    return InvalidArgument("max_rails must be in [1, 64], got " + std::to_string(req.max_rails));
+  }
+  req.fi_provider_env = std::getenv("FI_PROVIDER");
+  req.filters =
+      std::string("provider='") + config.GetString("provider") + "' domain='" + req.want_domain +
+      "'" + (req.fi_provider_env ? std::string(" FI_PROVIDER='") + req.fi_provider_env + "'" : "");
+  return req;
+}
+
+// An fi_info entry as a candidate: what it is, which group it competes in, how well its domain
+// fits.
+Entry EntryOf(const struct fi_info* info, const std::string& query, const EngineOptions& options) {
+  Entry e;
+  e.info = info;
+  ProviderCandidate& c = e.candidate;
+  c.provider = info->fabric_attr->prov_name ? info->fabric_attr->prov_name : "?";
+  c.domain = info->domain_attr->name ? info->domain_attr->name : "?";
+  c.ip = SourceIp(info);
+  const ProviderTraits traits = TraitsOf(c.provider);
+  c.rank = traits.rank;
+  c.rdma = traits.rdma;
+  if (!query.empty()) {
+    e.group = query;
+  } else {
+    e.group = traits.fabric_class == FabricClass::kRdma      ? "rdma"
+              : traits.fabric_class == FabricClass::kSockets ? "sockets"
+                                                             : "";
+  }
+  // Loopback domains cannot reach other hosts: only picked if the node is known by a loopback
+  // address (a one-host cluster) or nothing else is there.
+  if (!options.preferred_ip.empty() && c.ip == options.preferred_ip) {
+    e.domain_score = 2;
+    e.domain_why = "holds the node's IP " + c.ip;
+  } else if (!IsLoopbackDomain(c.domain)) {
+    e.domain_score = 1;
+    e.domain_why =
+        options.preferred_ip.empty()
+            ? "first non-loopback domain"
+            : "no domain holds the node's IP " + options.preferred_ip + "; first non-loopback one";
+  } else {
+    e.domain_why = "loopback: only this host";
+  }
+  return e;
+}
+
+// Step 1: one fi_getinfo per requested provider (libfabric resolves "tcp" to "tcp;ofi_rxm"), or
+// one for everything; `lists` keeps the entries alive.
+Result<std::vector<Entry>> QueryEntries(
+    const SelectionRequest& req, const EngineOptions& options,
+    std::vector<std::unique_ptr<struct fi_info, InfoDeleter>>& lists) {
   std::vector<Entry> entries;
-  const std::vector<std::string> queries = wanted.empty() ? std::vector<std::string>{""} : wanted;
+  const std::vector<std::string> queries =
+      req.wanted.empty() ? std::vector<std::string>{""} : req.wanted;
   for (const std::string& query : queries) {
     auto hints = EngineHints(options);
     if (!query.empty()) hints->fabric_attr->prov_name = strdup(query.c_str());
     struct fi_info* raw = nullptr;
-    int ret = fi_getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, hints.get(), &raw);
+    const int ret = fi_getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, hints.get(), &raw);
     std::unique_ptr<struct fi_info, InfoDeleter> infos(raw);
     if (ret == -FI_ENODATA || (ret == 0 && infos == nullptr)) {
-      return NotFound("no libfabric provider offers RDM endpoints with RMA read/write for " +
-                      (query.empty() ? filters : "provider '" + query + "' (" + filters + ")") +
-                      ". `fi_info -l` lists the installed providers; `rayfabric doctor` explains "
-                      "why an RDMA device is not usable; unset RAYFABRIC_PROVIDER/FI_PROVIDER to "
-                      "let rayfabric choose");
+      return NotFound(
+          "no libfabric provider offers RDM endpoints with RMA read/write for " +
+          (query.empty() ? req.filters : "provider '" + query + "' (" + req.filters + ")") +
+          ". `fi_info -l` lists the installed providers; `rayfabric doctor` explains "
+          "why an RDMA device is not usable; unset RAYFABRIC_PROVIDER/FI_PROVIDER to "
+          "let rayfabric choose");
     }
-    if (ret != 0) return FabricStatus(ret, "fi_getinfo(" + filters + ")");
+    if (ret != 0) return FabricStatus(ret, "fi_getinfo(" + req.filters + ")");
     for (const struct fi_info* i = infos.get(); i != nullptr; i = i->next) {
-      Entry e;
-      e.info = i;
-      ProviderCandidate& c = e.candidate;
-      c.provider = i->fabric_attr->prov_name ? i->fabric_attr->prov_name : "?";
-      c.domain = i->domain_attr->name ? i->domain_attr->name : "?";
-      c.ip = SourceIp(i);
-      const ProviderRank* rank = FindRank(c.provider);
-      c.rank = rank ? rank->rank : 1;
-      c.rdma = rank && rank->rdma;
-      if (!query.empty()) {
-        e.group = query;
-      } else {
-        const FabricClass cls = ClassOf(c.provider);
-        e.group = cls == FabricClass::kRdma      ? "rdma"
-                  : cls == FabricClass::kSockets ? "sockets"
-                                                 : "";
-      }
-      // Loopback domains cannot reach other hosts: only picked if the node is known by a
-      // loopback address (a one-host cluster) or nothing else is there.
-      if (!options.preferred_ip.empty() && c.ip == options.preferred_ip) {
-        e.domain_score = 2;
-        e.domain_why = "holds the node's IP " + c.ip;
-      } else if (!IsLoopbackDomain(c.domain)) {
-        e.domain_score = 1;
-        e.domain_why = options.preferred_ip.empty()
-                           ? "first non-loopback domain"
-                           : "no domain holds the node's IP " + options.preferred_ip +
-                                 "; first non-loopback one";
-      } else {
-        e.domain_why = "loopback: only this host";
-      }
-      entries.push_back(std::move(e));
+      entries.push_back(EntryOf(i, query, options));
     }
     lists.push_back(std::move(infos));
   }
+  return entries;
+}
 
-  // fi_info lists one entry per address (IPv4, IPv6) and mode combination: one candidate per
-  // provider and domain, its best-fitting entry.
+// Step 2: fi_info lists one entry per address (IPv4, IPv6) and mode combination: one candidate
+// per provider and domain, its best-fitting entry.
+std::vector<Entry> BestPerDomain(std::vector<Entry> entries) {
   std::vector<Entry> unique;
   for (Entry& e : entries) {
     auto same = std::find_if(unique.begin(), unique.end(), [&](const Entry& o) {
@@ -422,49 +516,48 @@ Result<std::vector<SelectedProvider>> SelectFabrics(const Config& config,
       *same = std::move(e);
     }
   }
+  return unique;
+}
 
-  // RAYFABRIC_DOMAIN (a comma list) applies to every provider that offers one of its domains:
-  // that provider keeps exactly the listed domains it offers, the first listed one as its domain
-  // and the others as further rails (utility providers like ofi_rxm over tcp ignore the domain
-  // hint and list every domain: enforced here).
-  const std::vector<std::string> want_domains = SplitList(want_domain);
-  auto listed_at = [&](const std::string& domain) {
-    auto it = std::find(want_domains.begin(), want_domains.end(), domain);
-    return it == want_domains.end() ? -1 : static_cast<int>(it - want_domains.begin());
-  };
+// Step 3: RAYFABRIC_DOMAIN (a comma list) applies to every provider that offers one of its
+// domains: that provider keeps exactly the listed domains it offers, the first listed one as its
+// domain and the others as further rails (utility providers like ofi_rxm over tcp ignore the
+// domain hint and list every domain: enforced here). Returns the providers it applies to.
+Result<std::set<std::string>> ApplyDomainList(const SelectionRequest& req,
+                                              std::vector<Entry>& unique) {
   std::set<std::string> listed_providers;
-  if (!want_domains.empty()) {
+  if (req.want_domains.empty()) return listed_providers;
+  for (const Entry& e : unique) {
+    if (req.ListedAt(e.candidate.domain) >= 0) listed_providers.insert(e.candidate.provider);
+  }
+  if (listed_providers.empty()) {
+    std::string other_domains;
     for (const Entry& e : unique) {
-      if (listed_at(e.candidate.domain) >= 0) listed_providers.insert(e.candidate.provider);
+      other_domains += " " + e.candidate.provider + "/" + e.candidate.domain;
     }
-    if (listed_providers.empty()) {
-      std::string other_domains;
-      for (const Entry& e : unique) {
-        other_domains += " " + e.candidate.provider + "/" + e.candidate.domain;
-      }
-      return NotFound("no libfabric provider offers domain '" + want_domain + "' for " + filters +
-                      " (offered instead:" + other_domains +
-                      "). Set RAYFABRIC_DOMAIN to one of those, or unset it to let rayfabric "
-                      "choose; `rayfabric doctor` lists every domain");
-    }
-    std::vector<Entry> kept;
-    for (Entry& e : unique) {
-      const int at = listed_at(e.candidate.domain);
-      if (listed_providers.count(e.candidate.provider) > 0 && at < 0) continue;
-      if (at >= 0) {
-        e.domain_why = "requested by RAYFABRIC_DOMAIN";
-        e.domain_score = 3 + static_cast<int>(want_domains.size()) - at;  // first listed wins
-      }
-      kept.push_back(std::move(e));
-    }
-    unique = std::move(kept);
+    return NotFound("no libfabric provider offers domain '" + req.want_domain + "' for " +
+                    req.filters + " (offered instead:" + other_domains +
+                    "). Set RAYFABRIC_DOMAIN to one of those, or unset it to let rayfabric "
+                    "choose; `rayfabric doctor` lists every domain");
   }
-  RF_ASSIGN_OR_RETURN(int64_t max_rails, config.GetInt("max_rails"));
-  if (max_rails < 1 || max_rails > 64) {
-    return InvalidArgument("max_rails must be in [1, 64], got " + std::to_string(max_rails));
+  std::vector<Entry> kept;
+  for (Entry& e : unique) {
+    const int at = req.ListedAt(e.candidate.domain);
+    if (listed_providers.count(e.candidate.provider) > 0 && at < 0) continue;
+    if (at >= 0) {
+      e.domain_why = "requested by RAYFABRIC_DOMAIN";
+      e.domain_score = 3 + static_cast<int>(req.want_domains.size()) - at;  // first listed wins
+    }
+    kept.push_back(std::move(e));
   }
+  unique = std::move(kept);
+  return listed_providers;
+}
 
-  // The best entry of each group; groups ranked by their provider, best first.
+// Step 4: the best entry of each group, each provider once ("tcp" and "tcp;ofi_rxm" may resolve
+// to one), ranked by provider, best first.
+Result<std::vector<Entry*>> ChoosePrimaries(const SelectionRequest& req,
+                                            std::vector<Entry>& unique) {
   auto score = [](const Entry& e) { return e.candidate.rank * 1000 + e.domain_score; };
   std::vector<Entry*> chosen;
   for (Entry& e : unique) {
@@ -475,7 +568,7 @@ Result<std::vector<SelectedProvider>> SelectFabrics(const Config& config,
           "RAYFABRIC_PROVIDER to use it";
       continue;
     }
-    if (require_rdma && !c.rdma) {
+    if (req.require_rdma && !c.rdma) {
       c.verdict = "passed over: not RDMA and require_rdma is set";
       continue;
     }
@@ -487,7 +580,6 @@ Result<std::vector<SelectedProvider>> SelectFabrics(const Config& config,
       *best = &e;
     }
   }
-  // Two requested names may resolve to one provider ("tcp" and "tcp;ofi_rxm"): opened once.
   std::vector<Entry*> distinct;
   for (Entry* e : chosen) {
     if (std::none_of(distinct.begin(), distinct.end(), [&](const Entry* o) {
@@ -499,76 +591,77 @@ Result<std::vector<SelectedProvider>> SelectFabrics(const Config& config,
   std::stable_sort(distinct.begin(), distinct.end(), [](const Entry* a, const Entry* b) {
     return a->candidate.rank > b->candidate.rank;
   });
-  if (distinct.empty()) {
-    std::string seen;
-    for (const Entry& e : unique) seen += " " + e.candidate.provider + "/" + e.candidate.domain;
-    if (require_rdma) {
-      return Unavailable("require_rdma is set but libfabric offers no RDMA provider (seen:" + seen +
-                         "). Run `rayfabric doctor` to see why no RDMA device is usable, or "
-                         "unset RAYFABRIC_REQUIRE_RDMA to allow the TCP fallback");
-    }
-    return NotFound("libfabric offers no provider that reaches other hosts (seen:" + seen +
-                    "); name one in RAYFABRIC_PROVIDER to use it anyway");
+  if (!distinct.empty()) return distinct;
+  std::string seen;
+  for (const Entry& e : unique) seen += " " + e.candidate.provider + "/" + e.candidate.domain;
+  if (req.require_rdma) {
+    return Unavailable("require_rdma is set but libfabric offers no RDMA provider (seen:" + seen +
+                       "). Run `rayfabric doctor` to see why no RDMA device is usable, or "
+                       "unset RAYFABRIC_REQUIRE_RDMA to allow the TCP fallback");
   }
+  return NotFound("libfabric offers no provider that reaches other hosts (seen:" + seen +
+                  "); name one in RAYFABRIC_PROVIDER to use it anyway");
+}
 
-  // Rails: the further domains of each chosen provider. Listed in RAYFABRIC_DOMAIN: exactly those,
-  // in list order. Otherwise, on an RDMA provider, its other non-loopback domains on the same
-  // fabric (several HCAs or EFA devices of one network), up to max_rails; a socket provider's
-  // interfaces are separate networks: one.
-  auto fabric_name = [](const Entry* e) {
-    return std::string(e->info->fabric_attr->name ? e->info->fabric_attr->name : "");
-  };
-  std::vector<std::vector<Entry*>> rails(distinct.size());
-  for (size_t i = 0; i < distinct.size(); ++i) {
-    Entry* primary = distinct[i];
+std::string FabricName(const Entry* e) {
+  return e->info->fabric_attr->name ? e->info->fabric_attr->name : "";
+}
+
+// Step 5: each primary's rails (itself first, then its further domains). Listed in
+// RAYFABRIC_DOMAIN: exactly those, in list order. Otherwise, on an RDMA provider, its other
+// non-loopback domains on the same fabric (several HCAs or EFA devices of one network), up to
+// max_rails; a socket provider's interfaces are separate networks: one.
+std::vector<std::vector<Entry*>> ChooseRails(const SelectionRequest& req,
+                                             const std::vector<Entry*>& primaries,
+                                             std::vector<Entry>& unique,
+                                             const std::set<std::string>& listed_providers) {
+  std::vector<std::vector<Entry*>> rails(primaries.size());
+  for (size_t i = 0; i < primaries.size(); ++i) {
+    Entry* primary = primaries[i];
     rails[i].push_back(primary);
     const bool listed = listed_providers.count(primary->candidate.provider) > 0;
-    if (!listed && (!primary->candidate.rdma || max_rails <= 1)) continue;
+    if (!listed && (!primary->candidate.rdma || req.max_rails <= 1)) continue;
     std::vector<Entry*> extra;
     for (Entry& e : unique) {
       if (&e == primary || e.candidate.provider != primary->candidate.provider) continue;
       if (!listed &&
-          (IsLoopbackDomain(e.candidate.domain) || fabric_name(&e) != fabric_name(primary)))
+          (IsLoopbackDomain(e.candidate.domain) || FabricName(&e) != FabricName(primary)))
         continue;
       extra.push_back(&e);
     }
     if (listed) {
       std::stable_sort(extra.begin(), extra.end(), [&](const Entry* a, const Entry* b) {
-        return listed_at(a->candidate.domain) < listed_at(b->candidate.domain);
+        return req.ListedAt(a->candidate.domain) < req.ListedAt(b->candidate.domain);
       });
     }
     for (Entry* e : extra) {
-      if (!listed && rails[i].size() >= static_cast<size_t>(max_rails)) break;
+      if (!listed && rails[i].size() >= static_cast<size_t>(req.max_rails)) break;
       e->candidate.verdict =
           "chosen as rail " + std::to_string(rails[i].size() + 1) + " of " +
           primary->candidate.provider + " (" +
           (listed ? "requested by RAYFABRIC_DOMAIN"
-                  : "same fabric " + fabric_name(e) + " as " + primary->candidate.domain) +
+                  : "same fabric " + FabricName(e) + " as " + primary->candidate.domain) +
           ")";
       e->domain_why = e->candidate.verdict.substr(7);
       rails[i].push_back(e);
     }
   }
+  return rails;
+}
 
-  std::vector<FabricSummary> fabrics;
-  for (const auto& provider_rails : rails) {
-    for (size_t k = 0; k < provider_rails.size(); ++k) {
-      const Entry* e = provider_rails[k];
-      fabrics.push_back({e->candidate.provider, e->candidate.domain, fabric_name(e),
-                         e->candidate.rdma, static_cast<int>(k)});
-    }
-  }
+// Step 6: every candidate with its verdict (why it was chosen, or what fit better).
+std::vector<ProviderCandidate> Verdicts(std::vector<Entry>& unique,
+                                        const std::vector<Entry*>& primaries) {
   std::vector<ProviderCandidate> candidates;
   for (Entry& e : unique) {
     if (e.candidate.verdict.empty()) {
-      auto it = std::find(distinct.begin(), distinct.end(), &e);
-      if (it != distinct.end()) {
+      if (std::find(primaries.begin(), primaries.end(), &e) != primaries.end()) {
         e.candidate.verdict = "chosen (" + e.domain_why + ")";
       } else {
-        auto winner = std::find_if(distinct.begin(), distinct.end(), [&](const Entry* o) {
+        auto winner = std::find_if(primaries.begin(), primaries.end(), [&](const Entry* o) {
           return o->group == e.group || o->candidate.provider == e.candidate.provider;
         });
-        e.candidate.verdict = winner == distinct.end()
+        e.candidate.verdict = winner == primaries.end()
                                   ? "passed over"
                                   : "passed over: " + (*winner)->candidate.provider + "/" +
                                         (*winner)->candidate.domain + " fits better (" +
@@ -577,53 +670,73 @@ Result<std::vector<SelectedProvider>> SelectFabrics(const Config& config,
     }
     candidates.push_back(e.candidate);
   }
+  return candidates;
+}
 
-  std::vector<SelectedProvider> out;
+// Why a primary was chosen, in one line.
+std::string PrimaryReason(const SelectionRequest& req, const Entry& e, const ProviderProfile& p,
+                          size_t primaries) {
+  const ProviderTraits* row = FindProvider(p.provider);
+  const std::string why = !req.wanted.empty()   ? "requested by RAYFABRIC_PROVIDER/--provider"
+                          : req.fi_provider_env ? "FI_PROVIDER restricts libfabric to it"
+                          : e.group == "rdma"   ? "highest ranked RDMA provider fi_info offers"
+                          : primaries > 1 ? "highest ranked socket provider: for peers without "
+                                            "a shared RDMA fabric"
+                                          : "highest ranked of what fi_info offers";
+  return p.provider + " on domain " + p.domain + ": " + why + "; domain: " + e.domain_why +
+         (row ? std::string(" (") + row->note + ")" : std::string(" (unranked provider)")) +
+         (p.rdma ? ""
+                 : "; NOT RDMA: the CPU copies every byte (socket or shared-memory emulation)");
+}
+
+// Step 7: the selection, primaries first (in rank order), each followed by its rails.
+std::vector<SelectedProvider> Assemble(const SelectionRequest& req,
+                                       const std::vector<std::vector<Entry*>>& rails,
+                                       const std::vector<ProviderCandidate>& candidates) {
+  std::vector<FabricSummary> fabrics;
   for (const auto& provider_rails : rails) {
-    for (size_t k = 1; k < provider_rails.size(); ++k) {
+    for (size_t k = 0; k < provider_rails.size(); ++k) {
+      const Entry* e = provider_rails[k];
+      fabrics.push_back({e->candidate.provider, e->candidate.domain, FabricName(e),
+                         e->candidate.rdma, static_cast<int>(k)});
+    }
+  }
+  std::vector<SelectedProvider> ordered;
+  for (const auto& provider_rails : rails) {
+    for (size_t k = 0; k < provider_rails.size(); ++k) {
       const Entry* e = provider_rails[k];
       SelectedProvider s;
       s.report.chosen = ProfileFromInfo(e->info);
       s.report.candidates = candidates;
       s.report.fabrics = fabrics;
-      s.report.reason =
-          e->candidate.provider + " on domain " + e->candidate.domain + ": " + e->domain_why;
+      s.report.reason = k == 0 ? PrimaryReason(req, *e, s.report.chosen, rails.size())
+                               : e->candidate.provider + " on domain " + e->candidate.domain +
+                                     ": " + e->domain_why;
       s.rail = static_cast<int>(k);
       s.info.reset(fi_dupinfo(e->info));
-      out.push_back(std::move(s));
+      ordered.push_back(std::move(s));
     }
   }
-  // Primaries first, each followed by its rails, in rank order.
-  std::vector<SelectedProvider> ordered;
-  size_t next_rail = 0;
-  for (size_t i = 0; i < rails.size(); ++i) {
-    const Entry* e = rails[i].front();
-    SelectedProvider s;
-    s.report.chosen = ProfileFromInfo(e->info);
-    s.report.candidates = candidates;
-    s.report.fabrics = fabrics;
-    const ProviderRank* rank = FindRank(s.report.chosen.provider);
-    std::string why = !wanted.empty()      ? "requested by RAYFABRIC_PROVIDER/--provider"
-                      : fi_provider_env    ? "FI_PROVIDER restricts libfabric to it"
-                      : e->group == "rdma" ? "highest ranked RDMA provider fi_info offers"
-                      : distinct.size() > 1
-                          ? "highest ranked socket provider: for peers without a shared RDMA fabric"
-                          : "highest ranked of what fi_info offers";
-    s.report.reason =
-        s.report.chosen.provider + " on domain " + s.report.chosen.domain + ": " + why +
-        "; domain: " + e->domain_why +
-        (rank ? std::string(" (") + rank->note + ")" : std::string(" (unranked provider)")) +
-        (s.report.chosen.rdma
-             ? ""
-             : "; NOT RDMA: the CPU copies every byte (socket or shared-memory emulation)");
-    s.info.reset(fi_dupinfo(e->info));
-    ordered.push_back(std::move(s));
-    for (size_t k = 1; k < rails[i].size(); ++k) ordered.push_back(std::move(out[next_rail++]));
-  }
-  if (options.device_memory) {
-    for (SelectedProvider& s : ordered) OfferDeviceMemory(s, options);
-  }
   return ordered;
+}
+
+}  // namespace
+
+Result<std::vector<SelectedProvider>> SelectFabrics(const Config& config,
+                                                    const EngineOptions& options) {
+  RF_ASSIGN_OR_RETURN(const SelectionRequest req, RequestFrom(config));
+  std::vector<std::unique_ptr<struct fi_info, InfoDeleter>> lists;  // what the entries point into
+  RF_ASSIGN_OR_RETURN(std::vector<Entry> entries, QueryEntries(req, options, lists));
+  std::vector<Entry> unique = BestPerDomain(std::move(entries));
+  RF_ASSIGN_OR_RETURN(const std::set<std::string> listed_providers, ApplyDomainList(req, unique));
+  RF_ASSIGN_OR_RETURN(const std::vector<Entry*> primaries, ChoosePrimaries(req, unique));
+  const std::vector<std::vector<Entry*>> rails =
+      ChooseRails(req, primaries, unique, listed_providers);
+  std::vector<SelectedProvider> selected = Assemble(req, rails, Verdicts(unique, primaries));
+  if (options.device_memory) {
+    for (SelectedProvider& s : selected) OfferDeviceMemory(s, options);
+  }
+  return selected;
 }
 
 Result<SelectedProvider> SelectProviderInfo(const Config& config, const EngineOptions& options) {
