@@ -10,6 +10,7 @@ only.
 PullSocketClient asks this node's agent for pulls over its pull socket instead (plain framed
 protobuf on a Unix socket, src/agent/pull_socket.h): the same request and reply, without gRPC's
 ~0.5 ms per call."""
+import collections
 import os
 import socket
 import struct
@@ -70,8 +71,9 @@ def method_path(method, service=None):
 
 
 def counters(reply):
-    """A StatusReply's counters and gauges as {name: value} (src/agent/counters.cc names them)."""
-    return {c.name: c.value for c in reply.counters}
+    """A StatusReply's counters and gauges as {name: value} (src/agent/counters.cc names them); a
+    name the agent does not send (an older or newer one) reads as 0."""
+    return collections.defaultdict(int, {c.name: c.value for c in reply.counters})
 
 
 def exposure_name(value):
@@ -146,11 +148,11 @@ class AgentClient:
                                         fallbacks=[pb.FallbackCount(reason=r, objects=n) for r, n in counts])
         return self._report_fallbacks(req, timeout=timeout)
 
-    def raw_call(self, method, payload, timeout=10, service=None):
+    def raw_call(self, method, payload, timeout=10, service=None, metadata=None):
         """Sends raw bytes to a method (tests of malformed requests; `service`: as method_path)."""
         fn = self._channel.unary_unary(method_path(method, service),
                                        request_serializer=lambda b: b, response_deserializer=lambda b: b)
-        return fn(payload, timeout=timeout)
+        return fn(payload, timeout=timeout, metadata=metadata)
 
     def close(self):
         self._channel.close()

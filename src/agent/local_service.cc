@@ -13,6 +13,10 @@ grpc::Status LocalService::Pull(grpc::ServerContext* context, const v1::PullRequ
                                 v1::PullReply* reply) {
   grpc::Status a = guard_.Authenticate(context, "Pull");
   if (!a.ok()) return a;
+  // Registered on the Unix socket alone; checked again, at no cost, should that ever change.
+  if (!ServiceGuard::IsLocal(context->peer())) {
+    return guard_.NotLocal("Pull", context->peer(), Count::kPullsRefusedRemote);
+  }
   Status shape = guard_.agent().CheckPullRequest(*request);  // counted when refused
   if (!shape.ok()) {
     return grpc::Status(shape.code() == StatusCode::kVersionMismatch
@@ -30,6 +34,9 @@ grpc::Status LocalService::ReportFallbacks(grpc::ServerContext* context,
                                            v1::ReportFallbacksReply* reply) {
   grpc::Status a = guard_.Authenticate(context, "ReportFallbacks");
   if (!a.ok()) return a;
+  if (!ServiceGuard::IsLocal(context->peer())) {
+    return guard_.NotLocal("ReportFallbacks", context->peer(), Count::kReportsRefusedRemote);
+  }
   grpc::Status v = guard_.CheckVersion(request->protocol_version(), "ReportFallbacks");
   if (!v.ok()) return v;
   if (request->fallbacks_size() == 0 || request->fallbacks_size() > kMaxFallbacksPerReport) {

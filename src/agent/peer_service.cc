@@ -61,9 +61,13 @@ grpc::Status LegacyService::Info(grpc::ServerContext* context, const v1::InfoReq
   return grpc::Status::OK;
 }
 
-grpc::Status LegacyService::Refuse(grpc::ServerContext* context, const char* rpc) {
+grpc::Status LegacyService::Refuse(grpc::ServerContext* context, const char* rpc,
+                                   std::optional<Count> remote) {
   grpc::Status a = guard_.Authenticate(context, rpc);
   if (!a.ok()) return a;
+  if (remote && !ServiceGuard::IsLocal(context->peer())) {
+    return guard_.NotLocal(rpc, context->peer(), *remote);
+  }
   return guard_.Rejected(std::string("rayfabric.v1.Agent/") + rpc +
                              ": this agent no longer serves protocol V2 (the service "
                              "rayfabric.v1.Agent); it speaks V" +

@@ -3,6 +3,8 @@
 // (rayfabric.v1.Agent), kept only so that an agent or client of V2 is told clearly what it met.
 #pragma once
 
+#include <optional>
+
 #include "agent.grpc.pb.h"
 #include "agent/service_guard.h"
 
@@ -24,7 +26,8 @@ class PeerService final : public v1::Peer::Service {
 };
 
 // Info answers (a V2 peer then names the mismatch itself, from protocol_version); every other
-// method is refused with FAILED_PRECONDITION, naming the version this agent speaks.
+// method is refused with FAILED_PRECONDITION, naming the version this agent speaks; Pull and
+// ReportFallbacks from the network are refused as remote ones first (PERMISSION_DENIED, counted).
 class LegacyService final : public v1::Agent::Service {
  public:
   explicit LegacyService(ServiceGuard guard) : guard_(std::move(guard)) {}
@@ -39,7 +42,7 @@ class LegacyService final : public v1::Agent::Service {
     return Refuse(context, "ReleaseLeases");
   }
   grpc::Status Pull(grpc::ServerContext* context, const v1::PullRequest*, v1::PullReply*) override {
-    return Refuse(context, "Pull");
+    return Refuse(context, "Pull", Count::kPullsRefusedRemote);
   }
   grpc::Status GetStatus(grpc::ServerContext* context, const v1::StatusRequest*,
                          v1::StatusReply*) override {
@@ -47,11 +50,14 @@ class LegacyService final : public v1::Agent::Service {
   }
   grpc::Status ReportFallbacks(grpc::ServerContext* context, const v1::ReportFallbacksRequest*,
                                v1::ReportFallbacksReply*) override {
-    return Refuse(context, "ReportFallbacks");
+    return Refuse(context, "ReportFallbacks", Count::kReportsRefusedRemote);
   }
 
  private:
-  grpc::Status Refuse(grpc::ServerContext* context, const char* rpc);
+  // `remote`: for a method served only on the local socket, what a network caller is counted as
+  // (a remote Pull is one, whatever its version).
+  grpc::Status Refuse(grpc::ServerContext* context, const char* rpc,
+                      std::optional<Count> remote = std::nullopt);
   ServiceGuard guard_;
 };
 

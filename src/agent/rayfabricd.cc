@@ -25,6 +25,7 @@
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <thread>
 
 #include "agent/agent.h"
 #include "agent/local_service.h"
@@ -155,15 +156,18 @@ int main(int argc, char** argv) {
   };
   int port = 0;
   std::unique_ptr<grpc::Server> network = build(flags->listen, &port, &local_refused);
+  if (!network || port == 0) {
+    return StartupError(rayfabric::Unavailable("cannot listen on " + flags->listen +
+                                               " (address in use, or not this node's?)"));
+  }
   // A stale socket of an earlier agent of this node would make the bind fail.
   unlink(flags->local_socket.c_str());
   std::unique_ptr<grpc::Server> local =
-      network ? build("unix:" + flags->local_socket, nullptr, &local_service) : nullptr;
-  if (!network || port == 0 || !local) {
-    return StartupError(rayfabric::Unavailable("cannot listen on " + flags->listen +
-                                               " and unix:" + flags->local_socket +
-                                               " (address in use, not local, or the socket's "
-                                               "directory missing?)"));
+      build("unix:" + flags->local_socket, nullptr, &local_service);
+  if (!local) {
+    network->Shutdown(std::chrono::system_clock::now());
+    return StartupError(rayfabric::Unavailable("cannot listen on unix:" + flags->local_socket +
+                                               " (is the socket's directory missing?)"));
   }
   // Only this node's user may connect to the local socket (the session directory is the Ray
   // user's too).
@@ -206,8 +210,10 @@ int main(int argc, char** argv) {
   sigwait(&stop, &sig);
   RF_LOG(kInfo, "rayfabricd: signal " << sig << ", shutting down");
   const auto grace = std::chrono::system_clock::now() + std::chrono::seconds(2);
-  network->Shutdown(grace);
+  // Both at once: neither port takes new calls while the other drains.
+  std::thread network_down([&network, grace] { network->Shutdown(grace); });
   local->Shutdown(grace);
+  network_down.join();
   pull_socket.reset();
   agent->reset();
   // Only our own socket: a newer agent of this node may have bound the path since.

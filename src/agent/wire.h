@@ -30,7 +30,34 @@ RAYFABRIC_SAME_CODE(ERROR_CODE_INTERNAL, kInternal);
 static_assert(v1::ErrorCode_MAX == static_cast<int>(StatusCode::kInternal),
               "agent.proto's ErrorCode and rayfabric::StatusCode differ in length");
 
-inline v1::ErrorCode ToErrorCode(StatusCode code) { return static_cast<v1::ErrorCode>(code); }
+// A switch with no default: a StatusCode added without its wire code does not compile.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wswitch"
+constexpr bool HasWireCode(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk:
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kNotFound:
+    case StatusCode::kAlreadyExists:
+    case StatusCode::kOutOfRange:
+    case StatusCode::kPermissionDenied:
+    case StatusCode::kResourceExhausted:
+    case StatusCode::kTimedOut:
+    case StatusCode::kUnavailable:
+    case StatusCode::kFabricError:
+    case StatusCode::kProtocolError:
+    case StatusCode::kVersionMismatch:
+    case StatusCode::kAborted:
+    case StatusCode::kInternal:
+      return true;
+  }
+  return false;
+}
+#pragma GCC diagnostic pop
+
+inline v1::ErrorCode ToErrorCode(StatusCode code) {
+  return HasWireCode(code) ? static_cast<v1::ErrorCode>(code) : v1::ERROR_CODE_INTERNAL;
+}
 
 // A peer's code as a StatusCode: one this agent does not know (a newer or broken peer) is a
 // protocol error; NONE is not an error, and is a protocol error where one was due.

@@ -34,7 +34,7 @@ from ray.cluster_utils import Cluster
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import rayfabric  # noqa: E402
 from rayfabric import agent_pb2 as pb  # noqa: E402
-from rayfabric._client import AgentClient, pull_socket_frame  # noqa: E402
+from rayfabric._client import AgentClient, counters, pull_socket_frame  # noqa: E402
 
 MiB = 1 << 20
 METHODS = ["Info", "LeaseObjects", "ReleaseLeases", "Pull", "GetStatus", "ReportFallbacks"]
@@ -210,6 +210,7 @@ def main():
     granted = [(g.lease_id, g.token) for g in network.lease(real_ids[:4], ttl_ms=2000).leases]
     pid = target["pid"]
     counts = {"ok": 0}
+    wrongly_served = []
     t0 = time.monotonic()
     for i in range(args.requests):
         method, payload, to_local = one_request(rng, real_ids, granted, target["address"])
@@ -220,10 +221,14 @@ def main():
             if outcome == "pull_socket_closed":
                 os.kill(pid, 0)  # raises if the agent died
             continue
+        # Now and then as protocol V2's single service, which refuses all but Info.
+        service = "Agent" if rng.random() < 0.05 else None
         try:
-            # Now and then as protocol V2's single service, which refuses all but Info.
-            client.raw_call(method, payload, timeout=10, service="Agent" if rng.random() < 0.05 else None)
+            client.raw_call(method, payload, timeout=10, service=service)
             counts["ok"] += 1
+            # What must never be answered: Local's methods over the network, V2's but for Info.
+            if (method in ("Pull", "ReportFallbacks") and not to_local) or (service and method != "Info"):
+                wrongly_served.append((service or "", method, "local" if to_local else "network"))
         except grpc.RpcError as e:
             counts[e.code().name] = counts.get(e.code().name, 0) + 1
             if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
@@ -232,7 +237,9 @@ def main():
             print(f"  {i + 1} requests, {time.monotonic() - t0:.0f} s: {counts}", flush=True)
     took = time.monotonic() - t0
     print(f"{args.requests} hostile requests in {took:.0f} s: {counts}")
-    # The audit: everything alive, real pulls byte-exact, nothing pinned once leases expired.
+    # The audit: nothing answered that only another port or version serves, everything alive, real
+    # pulls byte-exact, nothing pinned once leases expired.
+    assert not wrongly_served, f"served where it must be refused: {sorted(set(wrongly_served))[:10]}"
     os.kill(pid, 0)
     assert all(n["Alive"] for n in ray.nodes()), "a raylet died"
     expected = [hashlib.sha256(np.random.default_rng(i).integers(0, 256, size=4 * MiB, dtype=np.uint8)
@@ -256,12 +263,13 @@ def main():
     assert pulled == len(objs), f"only {pulled} of {len(objs)} objects came by the fabric after the fuzz: {stats}"
     busy, st = pinned()
     assert not busy, f"left pinned after the audit's pulls: {busy}"
-    s = st[target["address"]]
-    assert len(s.fallback_reasons) <= 32, f"fallback reasons not bounded: {len(s.fallback_reasons)}"
+    full = AgentClient(target["address"]).status()
+    s = counters(full)
+    assert len(full.fallback_reasons) <= 32, f"fallback reasons not bounded: {len(full.fallback_reasons)}"
     print(f"audit OK: agent pid {pid} alive, raylets alive, 8 objects pulled byte-exact, nothing pinned; "
-          f"agent counted rejected={s.requests_rejected} refused_remote_pulls={s.pulls_refused_remote} "
-          f"refused_remote_reports={s.reports_refused_remote} fallback reasons={len(s.fallback_reasons)} "
-          f"leases granted={s.leases_granted} expired={s.leases_expired} released={s.leases_released}")
+          f"agent counted rejected={s['requests_rejected']} refused_remote_pulls={s['pulls_refused_remote']} "
+          f"refused_remote_reports={s['reports_refused_remote']} fallback reasons={len(full.fallback_reasons)} "
+          f"leases granted={s['leases_granted']} expired={s['leases_expired']} released={s['leases_released']}")
     rayfabric.shutdown()
     ray.shutdown()
     c.shutdown()
