@@ -15,7 +15,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import _rayfabric_autoload
 from rayfabric import bin_dir
-from rayfabric.doctor import agent_fabric_env
+from rayfabric.launch_env import agent_fabric_env
 
 # The start-up hook (_rayfabric_autoload, which imports nothing of rayfabric) reads these too.
 NAMESPACE = "rayfabric"

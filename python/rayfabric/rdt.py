@@ -140,7 +140,7 @@ class RayfabricTensorTransport(TensorTransportManager):
         with self._lock:
             if role not in self._engines:
                 from rayfabric._native import fabric
-                from rayfabric.doctor import agent_fabric_env
+                from rayfabric.launch_env import agent_fabric_env
 
                 # As for the agents: libfabric's verbs/efa MR cache would widen a read-only
                 # registration to remote write; it is turned off unless the user set it (before

@@ -644,13 +644,16 @@ def test_tcp_congestion_bbr():
 
 
 def test_agent_fabric_env_turns_the_mr_cache_off_unless_the_user_chose():
+    from rayfabric import launch_env
     # Off through the monitors, never FI_MR_CACHE_MAX_COUNT=0 (which also stops shm's CUDA IPC cache).
-    assert doctor.agent_fabric_env({"A": "1"}) == {"A": "1", "FI_MR_CACHE_MONITOR": "disabled",
-                                                   "FI_MR_CUDA_CACHE_MONITOR_ENABLED": "0",
-                                                   "FI_MR_ROCR_CACHE_MONITOR_ENABLED": "0",
-                                                   "FI_MR_ZE_CACHE_MONITOR_ENABLED": "0"}
-    for var in doctor.MR_CACHE_VARIABLES:
-        assert doctor.agent_fabric_env({var: "7"}) == {var: "7"}
+    assert launch_env.agent_fabric_env({"A": "1"}) == {"A": "1", "FI_MR_CACHE_MONITOR": "disabled",
+                                                       "FI_MR_CUDA_CACHE_MONITOR_ENABLED": "0",
+                                                       "FI_MR_ROCR_CACHE_MONITOR_ENABLED": "0",
+                                                       "FI_MR_ZE_CACHE_MONITOR_ENABLED": "0"}
+    for var in launch_env.MR_CACHE_VARIABLES:
+        assert launch_env.agent_fabric_env({var: "7"}) == {var: "7"}
+    # The doctor reports what the launcher does: the same policy, not a copy of it.
+    assert doctor.agent_fabric_env is launch_env.agent_fabric_env
 
 
 def test_check_control_plane():
