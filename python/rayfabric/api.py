@@ -658,7 +658,7 @@ def status(timeout=10):
     for node, rec in _agents.published().items():
         try:
             s = _client(rec["address"]).status(timeout=timeout)
-            d = counters(s)
+            d = dict(counters(s))  # a plain dict, as for a dead agent
             d.update({"address": rec["address"], "provider": s.info.provider, "domain": s.info.domain,
                       "pid": s.info.pid, "alive": True, "uptime_ms": s.uptime_ms,
                       "exposure": exposure_name(s.info.exposure),

@@ -54,6 +54,7 @@ ERROR, WARNING, INFO = "error", "warning", "info"
 if __package__:
     from rayfabric.launch_env import agent_fabric_env  # noqa: E402
 else:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from launch_env import agent_fabric_env  # noqa: E402
 
 

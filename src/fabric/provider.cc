@@ -88,24 +88,32 @@ const ProviderTraits* FindProvider(const std::string& name) {
   return nullptr;
 }
 
-// The traits of any provider: its row; else, for a combination not in the table
-// ("sockets;ofi_rxm"), unranked and not RDMA, with its core provider's keys, class and progress
-// (ofi_rxd's keys where that is the utility); else nothing known (KeyScheme::kUnknown, not opened
-// by default).
+// The traits of any provider: its row; else, for a combination not in the table ("sockets;ofi_rxm",
+// "verbs;ofi_foo"), unranked and not RDMA (so not opened by default as an RDMA fabric), with its
+// core provider's keys, class and progress: the core's own row, or for a core listed only in
+// combinations (verbs), the keys of its listed combination that is not ofi_rxd; ofi_rxd's keys
+// where that is the utility. Else nothing known (KeyScheme::kUnknown, not opened by default).
 ProviderTraits TraitsOf(const std::string& name) {
   if (const ProviderTraits* row = FindProvider(name)) return *row;
   const size_t semi = name.find(';');
-  const ProviderTraits* core = FindProvider(name.substr(0, semi));
+  const std::string core_name = name.substr(0, semi);
+  const bool rxd = semi != std::string::npos && name.substr(semi + 1) == "ofi_rxd";
   ProviderTraits out{nullptr, 1, false, kOtherClass, KeyScheme::kUnknown, false, false, nullptr};
-  if (core != nullptr) {
+  if (const ProviderTraits* core = FindProvider(core_name)) {
     out.fabric_class = core->fabric_class == kRdmaClass ? kOtherClass : core->fabric_class;
     out.keys = core->keys;
     out.progress_by_caller = core->progress_by_caller;
-    out.names_endpoint_by_pid = core->names_endpoint_by_pid;
+    out.names_endpoint_by_pid = core->names_endpoint_by_pid && !rxd;
+  } else {
+    for (const ProviderTraits& row : kProviders) {
+      const std::string listed = row.name;
+      if (listed.rfind(core_name + ";", 0) == 0 && row.keys != KeyScheme::kUtilityVerified) {
+        out.keys = row.keys;
+        break;
+      }
+    }
   }
-  if (semi != std::string::npos && name.substr(semi + 1) == "ofi_rxd") {
-    out.keys = KeyScheme::kUtilityVerified;
-  }
+  if (rxd) out.keys = KeyScheme::kUtilityVerified;
   return out;
 }
 

@@ -40,7 +40,8 @@ class FiEnv {
   FiEnv(std::initializer_list<std::pair<const char*, const char*>> values) {
     for (const auto& [name, value] : values) {
       const char* old = std::getenv(name);
-      saved_[name] = old ? std::optional<std::string>(old) : std::nullopt;
+      // The first value seen is the one put back (a name listed twice saves it once).
+      saved_.emplace(name, old ? std::optional<std::string>(old) : std::nullopt);
       if (value) {
         setenv(name, value, 1);
       } else {
@@ -161,6 +162,14 @@ TEST(ProviderTraits, AnUnlistedUtilityCombinationTakesItsCoresTraits) {
   EXPECT_TRUE(p.deregistration_revokes_keys);
   EXPECT_TRUE(p.enforces_access);
   EXPECT_FALSE(ProfileOf("net;ofi_rxm").bytes_move_without_progress);
+  // verbs has rows only as combinations: another one gets the verbs MR cache's answers.
+  FiEnv env({{"FI_MR_CACHE_MONITOR", nullptr}, {"FI_MR_CACHE_MAX_COUNT", nullptr}});
+  ProviderProfile verbs = ProfileOf("verbs;ofi_foo");
+  EXPECT_FALSE(verbs.rdma);
+  EXPECT_TRUE(verbs.mr_cache);
+  FiEnv off({{"FI_MR_CACHE_MONITOR", "disabled"}});
+  EXPECT_TRUE(ProfileOf("verbs;ofi_foo").deregistration_revokes_keys);
+  EXPECT_FALSE(ProfileOf("shm;ofi_rxd").names_endpoint_by_pid);
 }
 
 }  // namespace

@@ -61,7 +61,7 @@ PROJECT_CHECKS=(
   'rayfabric-bench|150|bench/rayfabric-bench|RAYFABRIC_CHUNK_SIZE=${RAYFABRIC_CHUNK_SIZE:-256K} RAYFABRIC_BENCH_SERVER_DOMAIN=rxe1 "$BIN" --provider "verbs;ofi_rxm" --domain rxe0 --sizes 4K,1M,64M --verify --iters ${VERBS_BENCH_ITERS:-3}'
 )
 # mr_cache_monitors_off: the same three tests in the environment rayfabric's launcher and RDT
-# transport give by default (doctor.MR_CACHE_OFF: the cache's memory monitors off, not a zero
+# transport give by default (launch_env.MR_CACHE_OFF: the cache's memory monitors off, not a zero
 # count, which would also keep shm's CUDA IPC cache from opening): verbs must register directly.
 # stale_key_no_mr_cache also runs ReadOnlyRegionRefusesWrites without the cache: verbs must then
 # refuse a write through a read-only descriptor (with the cache on, libfabric 1.17 registers every
