@@ -1,6 +1,5 @@
 #include "agent/agent.h"
 
-#include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,19 +20,18 @@ using Clock = std::chrono::steady_clock;
 
 constexpr auto kReleaseDrain = std::chrono::seconds(2);
 
-// A connection to the node's store, as every one of the agent's is made (store_timeout_ms is
-// checked by Agent::Open before the first).
-Result<std::shared_ptr<plasma::PlasmaClient>> ConnectToStore(const AgentOptions& options) {
+// How every one of the agent's store connections is made (store_timeout_ms is checked by
+// Agent::Open before the first).
+StoreConnector PlasmaConnector(const AgentOptions& options) {
   plasma::ConnectOptions connect;
   connect.ray_version = options.ray_version;
   connect.request_timeout_ms = options.config.GetInt("store_timeout_ms").value();
-  RF_ASSIGN_OR_RETURN(auto store, plasma::PlasmaClient::Connect(options.plasma_socket, connect));
-  return std::shared_ptr<plasma::PlasmaClient>(std::move(store));
+  return PlasmaStoreConnector(options.plasma_socket, connect);
 }
 
 }  // namespace
 
-Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options) {
+Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options, AgentSeams seams) {
   if (options.node_id.size() != ObjectId::kSize) {
     return InvalidArgument(
         "the agent's node id must be a Ray NodeID (28 bytes, 56 hex digits), got " +
@@ -46,8 +44,10 @@ Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options) {
     if (v <= 0)
       return InvalidArgument(std::string(name) + " must be > 0, got " + std::to_string(v));
   }
-  RF_ASSIGN_OR_RETURN(StorePtr serve_store, ConnectToStore(options));
-  RF_ASSIGN_OR_RETURN(StorePtr pull_store, ConnectToStore(options));
+  if (!seams.connect_store) seams.connect_store = PlasmaConnector(options);
+  if (seams.peers == nullptr) seams.peers = std::make_unique<GrpcPeerCalls>(options.credentials);
+  RF_ASSIGN_OR_RETURN(StorePtr serve_store, seams.connect_store());
+  RF_ASSIGN_OR_RETURN(StorePtr pull_store, seams.connect_store());
   // One host may pin at most this much of the store under leases.
   const std::string per_peer = options.config.GetString("max_lease_bytes_per_peer");
   uint64_t max_lease_bytes_per_peer = 0;
@@ -122,22 +122,23 @@ Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options) {
     fab.segments.emplace_back();
     fabrics.push_back(std::move(fab));
   }
-  auto agent = std::unique_ptr<Agent>(new Agent(std::move(options), std::move(serve_store),
-                                                std::move(pull_store), std::move(fabrics),
-                                                max_lease_bytes_per_peer));
+  auto agent = std::unique_ptr<Agent>(new Agent(std::move(options), std::move(seams),
+                                                std::move(serve_store), std::move(pull_store),
+                                                std::move(fabrics), max_lease_bytes_per_peer));
   agent->stripe_min_ = stripe_min;
   return agent;
 }
 
-Agent::Agent(AgentOptions options, StorePtr serve_store, StorePtr pull_store,
+Agent::Agent(AgentOptions options, AgentSeams seams, StorePtr serve_store, StorePtr pull_store,
              std::vector<Fabric> fabrics, uint64_t max_lease_bytes_per_peer)
     : options_(std::move(options)),
+      connect_store_(std::move(seams.connect_store)),
+      peers_(std::move(seams.peers)),
       serve_store_(std::move(serve_store)),
       pull_store_(std::move(pull_store)),
       fabrics_(std::move(fabrics)),
       leases_(static_cast<size_t>(options_.config.GetInt("max_leases").value()),
               max_lease_bytes_per_peer),
-      peers_(options_.credentials),
       default_ttl_(options_.config.GetInt("lease_ttl_ms").value()),
       max_ttl_(options_.config.GetInt("max_lease_ttl_ms").value()),
       create_timeout_ms_(options_.config.GetInt("create_timeout_ms").value()),
@@ -201,7 +202,7 @@ Agent::~Agent() {
   }
   // Outside the lock: gRPC may run a cancelled call's callback inline, and it takes the lock. The
   // calls stay allocated (answered ones move to releases_answered_, freed only below).
-  for (PendingRelease* call : to_cancel) call->context.TryCancel();
+  for (PendingRelease* pending : to_cancel) pending->call->Cancel();
   {
     std::unique_lock<std::mutex> lock(release_mu_);
     release_cv_.wait(lock, unanswered);  // a cancelled call still runs its callback, at once
@@ -252,7 +253,7 @@ std::string Agent::FabricList() const {
   return out;
 }
 
-void Agent::WatchSegments(plasma::PlasmaClient& store) {
+void Agent::WatchSegments(LocalStore& store) {
   store.SetSegmentCallbacks([this](const plasma::SegmentInfo& s) { OnSegmentMapped(s); },
                             [this](const plasma::SegmentInfo& s) { OnSegmentUnmapped(s); });
 }
@@ -263,7 +264,7 @@ void Agent::OnSegmentMapped(const plasma::SegmentInfo& segment) {
 }
 
 Result<Agent::StorePtr> Agent::ConnectStore() {
-  RF_ASSIGN_OR_RETURN(StorePtr store, ConnectToStore(options_));
+  RF_ASSIGN_OR_RETURN(StorePtr store, connect_store_());
   WatchSegments(*store);
   return store;
 }

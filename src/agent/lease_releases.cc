@@ -1,6 +1,5 @@
 #include "agent/agent.h"
 
-#include <grpcpp/grpcpp.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -132,25 +131,24 @@ void Agent::ReleaseLoop() {
 }
 
 void Agent::StartReleases(const std::vector<ReleaseToStart>& calls) {
-  for (const auto& [key, call] : calls) {
+  for (const auto& [key, pending] : calls) {
     try {
-      call->context.set_deadline(ToSystem(Clock::now() + kPeerRpcTimeout));
-      peers_.Prepare(call->context);
-      auto stub = peers_.Get(call->source);
-      // Not under release_mu_: gRPC may run the callback (which takes it) inline.
-      stub->async()->ReleaseLeases(
-          &call->context, &call->request, &call->reply,
-          [this, key = key, call = call](const grpc::Status& r) {
-            if (!r.ok()) {
-              RF_LOG(kWarn, "releasing " << call->request.leases_size() << " leases at "
-                                         << call->source << " failed (" << r.error_message()
-                                         << "): they expire by themselves");
-            }
-            RetireRelease(key);
-          });
+      pending->call = peers_->NewCall();
+      // Not under release_mu_: the call may run its `done` (which takes it) inline.
+      peers_->StartRelease(*pending->call, pending->source, pending->request, pending->reply,
+                           Clock::now() + kPeerRpcTimeout,
+                           [this, key = key, pending = pending](const Status& released) {
+                             if (!released.ok()) {
+                               RF_LOG(kWarn, "releasing " << pending->request.leases_size()
+                                                          << " leases failed (" << released
+                                                          << "): they expire by themselves");
+                             }
+                             RetireRelease(key);
+                           });
     } catch (const std::exception& e) {
-      RF_LOG(kWarn, "releasing " << call->request.leases_size() << " leases at " << call->source
-                                 << " not started (" << e.what() << "): they expire by themselves");
+      RF_LOG(kWarn, "releasing " << pending->request.leases_size() << " leases at "
+                                 << pending->source << " not started (" << e.what()
+                                 << "): they expire by themselves");
       // No callback will come, and neither the exit nor a Pull may wait for one.
       RetireRelease(key);
     }
@@ -169,18 +167,18 @@ void Agent::RetireRelease(uint64_t key) {
 void Agent::ReleaseBeforeLeasingAgain(const std::string& source, const v1::ReleaseRequest& release,
                                       const PullBounds& bounds) {
   StartQueuedReleases(source);
-  grpc::ClientContext context;
-  peers_.Prepare(context);
-  context.set_deadline(ToSystem(std::min(bounds.deadline, Clock::now() + kPeerRpcTimeout)));
+  std::unique_ptr<PeerCall> call = peers_->NewCall();
   v1::ReleaseReply reply;
-  grpc::Status rpc = CancellableCall(
-      context, [&bounds] { return bounds.Cancelled(); },
-      [&](std::function<void(grpc::Status)> done) {
-        peers_.Get(source)->async()->ReleaseLeases(&context, &release, &reply, std::move(done));
+  const Status released = AwaitPeerCall(
+      *call, [&bounds] { return bounds.Cancelled(); },
+      [&](PeerCalls::Done done) {
+        peers_->StartRelease(*call, source, release, reply,
+                             std::min(bounds.deadline, Clock::now() + kPeerRpcTimeout),
+                             std::move(done));
       });
-  if (!rpc.ok()) {
-    RF_LOG(kWarn, "releasing " << release.leases_size() << " leases at " << source
-                               << " before leasing them again failed (" << rpc.error_message()
+  if (!released.ok()) {
+    RF_LOG(kWarn, "releasing " << release.leases_size()
+                               << " leases before leasing them again failed (" << released
                                << "): they expire by themselves");
   }
 }

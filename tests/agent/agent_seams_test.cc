@@ -1,0 +1,282 @@
+// The agent's pull, lease and release logic without Ray: real agents (Agent::Open) with real
+// libfabric engines (tcp;ofi_rxm and sockets on loopback) reading each other's objects, their
+// stores and their calls to each other through the fakes at the two seams (agent_fakes.h). Each
+// case drives one path that real-Ray tests reach only by chance: failover to the next provider,
+// a lease that expires, a refusal for room asked again.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstddef>
+#include <deque>
+#include <random>
+
+#include "agent/agent.h"
+#include "agent_fakes.h"
+
+namespace rayfabric::agent::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+ObjectId Id(uint8_t b) { return ObjectId::FromBinary(std::string(ObjectId::kSize, b)).value(); }
+
+std::string RandomBytes(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::string out(n, '\0');
+  for (char& c : out) c = static_cast<char>(gen());
+  return out;
+}
+
+uint64_t CounterOf(const v1::StatusReply& status, const std::string& name) {
+  for (const v1::Counter& c : status.counters()) {
+    if (c.name() == name) return c.value();
+  }
+  ADD_FAILURE() << "no counter " << name;
+  return 0;
+}
+
+// Waits (at most a second) until `done` holds.
+bool Eventually(const std::function<bool()>& done) {
+  const auto until = Clock::now() + std::chrono::seconds(1);
+  while (!done()) {
+    if (Clock::now() > until) return false;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  return true;
+}
+
+struct Node {
+  std::string name;
+  std::shared_ptr<FakeStoreNode> store;
+  std::unique_ptr<Agent> agent;
+};
+
+class AgentSeams : public ::testing::Test {
+ protected:
+  // An agent named `name` (also its address and host) on a store of its own.
+  Node& Start(const std::string& name, const std::map<std::string, std::string>& settings) {
+    Node node;
+    node.name = name;
+    node.store = std::make_shared<FakeStoreNode>(64 << 20);
+    AgentOptions options;
+    options.node_id = std::string(ObjectId::kSize, name[0]);
+    options.listen_host = "127.0.0.1";
+    options.config = Config::FromEnvironment();
+    for (const auto& [key, value] :
+         std::map<std::string, std::string>{{"provider", "tcp;ofi_rxm"}, {"warm_store", "false"}}) {
+      EXPECT_TRUE(options.config.Set(key, value).ok());
+    }
+    for (const auto& [key, value] : settings) {
+      EXPECT_TRUE(options.config.Set(key, value).ok()) << key;
+    }
+    rayfabric::agent::AgentSeams seams;
+    seams.connect_store = node.store->Connector();
+    seams.peers = std::make_unique<FakePeerCalls>(network_, name);
+    auto agent = Agent::Open(std::move(options), std::move(seams));
+    EXPECT_TRUE(agent.ok()) << agent.status();
+    if (!agent.ok()) abort();
+    node.agent = std::move(*agent);
+    {
+      std::lock_guard<std::mutex> lock(network_->mu);
+      network_->agents[name] = node.agent.get();
+    }
+    nodes_.push_back(std::move(node));
+    return nodes_.back();
+  }
+  void TearDown() override {
+    // Readers first: they give back their leases to sources still there.
+    while (!nodes_.empty()) {
+      {
+        std::lock_guard<std::mutex> lock(network_->mu);
+        network_->agents.erase(nodes_.back().name);
+      }
+      nodes_.pop_back();
+    }
+  }
+
+  static v1::PullRequest PullOf(const std::string& source,
+                                const std::vector<std::pair<ObjectId, size_t>>& objects) {
+    v1::PullRequest request;
+    request.set_protocol_version(kProtocolVersion);
+    request.set_timeout_ms(10000);
+    for (const auto& [id, size] : objects) {
+      v1::PullItem* item = request.add_items();
+      item->set_object_id(id.Binary());
+      item->set_source_agent(source);
+      item->set_object_size(size);
+    }
+    return request;
+  }
+
+  std::shared_ptr<FakeNetwork> network_ = std::make_shared<FakeNetwork>();
+  std::deque<Node> nodes_;
+};
+
+TEST_F(AgentSeams, PullsByteExactAndGivesItsLeasesBack) {
+  Node& source = Start("source", {});
+  Node& reader = Start("reader", {});
+  const std::string bytes = RandomBytes(3 << 20, 1);
+  source.store->Put(Id(1), bytes);
+
+  v1::PullReply reply = reader.agent->Pull(PullOf("source", {{Id(1), bytes.size()}}));
+  ASSERT_EQ(reply.results_size(), 1);
+  EXPECT_EQ(reply.results(0).outcome(), v1::PULLED) << reply.results(0).error();
+  EXPECT_EQ(reply.results(0).provider(), "tcp;ofi_rxm");
+  EXPECT_TRUE(reader.store->Read(Id(1)) == bytes) << "the replica differs from the object";
+  EXPECT_EQ(reader.store->Pins(Id(1)), 0) << "sealed and released by the puller";
+  EXPECT_TRUE(Eventually([&] { return source.store->Pins(Id(1)) == 0; }))
+      << "the reader's lease was never given back";
+  EXPECT_EQ(CounterOf(source.agent->GetStatus(), "leases_released"), 1u);
+}
+
+// Reads that fail on the best provider both nodes have go again over the next one, in the same
+// Pull; the failed provider is then not offered to that source for a while.
+TEST_F(AgentSeams, FailsOverToTheNextProviderWhenReadsFail) {
+  const std::map<std::string, std::string> both = {{"provider", "tcp;ofi_rxm,sockets"}};
+  Node& source = Start("source", both);
+  // rxm retries a refused connection until the read's progress timeout: a short one here.
+  Node& reader = Start(
+      "reader",
+      {{"provider", "tcp;ofi_rxm,sockets"}, {"op_timeout_ms", "300"}, {"drain_timeout_ms", "200"}});
+  // A port nobody listens on: the source's tcp address, as the reader is told it, leads nowhere.
+  const int probe = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in closed{};
+  closed.sin_family = AF_INET;
+  closed.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(closed);
+  ASSERT_EQ(bind(probe, reinterpret_cast<sockaddr*>(&closed), sizeof(closed)), 0);
+  ASSERT_EQ(getsockname(probe, reinterpret_cast<sockaddr*>(&closed), &len), 0);
+  close(probe);
+  network_->tamper_lease = [&](const std::string&, v1::LeaseReply& reply) {
+    if (reply.provider() != "tcp;ofi_rxm") return;
+    std::string address = reply.fabric_address();
+    ASSERT_GE(address.size(), sizeof(sockaddr_in));
+    std::memcpy(address.data() + offsetof(sockaddr_in, sin_port), &closed.sin_port,
+                sizeof(closed.sin_port));
+    reply.set_fabric_address(address);
+  };
+  const std::string a = RandomBytes(1 << 20, 2);
+  const std::string b = RandomBytes(1 << 20, 3);
+  source.store->Put(Id(1), a);
+  source.store->Put(Id(2), b);
+
+  v1::PullReply reply = reader.agent->Pull(PullOf("source", {{Id(1), a.size()}}));
+  ASSERT_EQ(reply.results_size(), 1);
+  EXPECT_EQ(reply.results(0).outcome(), v1::PULLED) << reply.results(0).error();
+  EXPECT_EQ(reply.results(0).provider(), "sockets");
+  EXPECT_TRUE(reader.store->Read(Id(1)) == a);
+  EXPECT_EQ(network_->leases_asked, 2) << "one lease per provider tried";
+  EXPECT_FALSE(reader.store->Exists(Id(1)) && reader.store->Read(Id(1)).empty())
+      << "the failed read's replica must be aborted, not left unsealed";
+
+  // The next Pull from that source offers only the provider that worked.
+  reply = reader.agent->Pull(PullOf("source", {{Id(2), b.size()}}));
+  EXPECT_EQ(reply.results(0).outcome(), v1::PULLED) << reply.results(0).error();
+  EXPECT_EQ(reply.results(0).provider(), "sockets");
+  EXPECT_EQ(network_->leases_asked, 3) << "tcp was offered again to a source it failed with";
+  EXPECT_TRUE(reader.store->Read(Id(2)) == b);
+  EXPECT_TRUE(Eventually([&] {
+    return source.store->Pins(Id(1)) == 0 && source.store->Pins(Id(2)) == 0;
+  })) << "every lease, the failed attempt's too, is given back";
+}
+
+// A lease ends at its TTL: the reader never seals bytes read past it, and the source unpins it by
+// itself when the reader never gives it back.
+TEST_F(AgentSeams, LeasesExpire) {
+  Node& source = Start("source", {{"max_lease_ttl_ms", "1"}});
+  Node& reader = Start("reader", {});
+  const std::string bytes = RandomBytes(4 << 20, 4);
+  source.store->Put(Id(1), bytes);
+
+  v1::PullReply reply = reader.agent->Pull(PullOf("source", {{Id(1), bytes.size()}}));
+  ASSERT_EQ(reply.results_size(), 1);
+  EXPECT_EQ(reply.results(0).outcome(), v1::FAILED);
+  EXPECT_EQ(reply.results(0).error_code(), v1::ERROR_CODE_TIMED_OUT) << reply.results(0).error();
+  EXPECT_NE(reply.results(0).error().find("lease"), std::string::npos) << reply.results(0).error();
+  EXPECT_FALSE(reader.store->Exists(Id(1))) << "a replica read past its lease must be aborted";
+  EXPECT_EQ(CounterOf(reader.agent->GetStatus(), "pulls_lease_expired"), 1u);
+
+  // A lease nobody releases.
+  v1::LeaseRequest lease;
+  lease.set_protocol_version(kProtocolVersion);
+  lease.set_ttl_ms(50);
+  lease.add_object_ids(Id(1).Binary());
+  lease.add_reader_providers("tcp;ofi_rxm");
+  v1::LeaseReply granted = source.agent->Lease(lease, "forgetful");
+  ASSERT_EQ(granted.leases_size(), 1);
+  ASSERT_EQ(granted.leases(0).error_code(), v1::ERROR_CODE_NONE) << granted.leases(0).error();
+  EXPECT_GE(source.store->Pins(Id(1)), 1);
+  EXPECT_TRUE(Eventually([&] { return source.store->Pins(Id(1)) == 0; }))
+      << "an expired lease keeps its object pinned";
+  EXPECT_GE(CounterOf(source.agent->GetStatus(), "leases_expired"), 1u);
+  v1::ReleaseRequest late;
+  late.set_protocol_version(kProtocolVersion);
+  v1::LeaseRef* ref = late.add_leases();
+  ref->set_lease_id(granted.leases(0).lease_id());
+  ref->set_token(granted.leases(0).token());
+  v1::ReleaseReply answer = source.agent->Release(late);
+  ASSERT_EQ(answer.error_codes_size(), 1);
+  EXPECT_EQ(answer.error_codes(0), v1::ERROR_CODE_NOT_FOUND) << answer.errors(0);
+  EXPECT_EQ(source.store->Pins(Id(1)), 0) << "a late release must not unpin twice";
+}
+
+// A source that refuses a lease for want of room for this reader, while the reader's earlier
+// leases there are being given back, is asked again once they are.
+TEST_F(AgentSeams, RefusedForRoomIsAskedAgainOnceLeasesAreBack) {
+  Node& source = Start("source", {{"max_lease_bytes_per_peer", "1M"}});
+  Node& reader = Start("reader", {});
+  const std::string a = RandomBytes(1 << 20, 5);
+  const std::string b = RandomBytes(1 << 20, 6);
+  source.store->Put(Id(1), a);
+  source.store->Put(Id(2), b);
+  network_->release_delay = milliseconds(200);
+
+  v1::PullReply first = reader.agent->Pull(PullOf("source", {{Id(1), a.size()}}));
+  EXPECT_EQ(first.results(0).outcome(), v1::PULLED) << first.results(0).error();
+  // Id(1)'s lease is still held there (its release is answered 200 ms later): Id(2) does not fit
+  // this reader's bound at first.
+  const Clock::time_point asked = Clock::now();
+  v1::PullReply second = reader.agent->Pull(PullOf("source", {{Id(2), b.size()}}));
+  EXPECT_EQ(second.results(0).outcome(), v1::PULLED) << second.results(0).error();
+  EXPECT_TRUE(reader.store->Read(Id(2)) == b);
+  EXPECT_EQ(network_->leases_asked, 3) << "Id(2) leased twice: refused, then granted";
+  EXPECT_EQ(CounterOf(reader.agent->GetStatus(), "pulls_asked_again_for_room"), 1u);
+  EXPECT_LT(Clock::now() - asked, std::chrono::seconds(1));
+
+  // Two objects of one Pull, over the bound together: the second goes once the first's lease is
+  // back, in the same Pull.
+  source.store->Put(Id(3), RandomBytes(1 << 20, 7));
+  source.store->Put(Id(4), RandomBytes(1 << 20, 8));
+  network_->release_delay = milliseconds(0);
+  ASSERT_TRUE(Eventually([&] { return source.store->Pins(Id(2)) == 0; }));
+  v1::PullReply both = reader.agent->Pull(PullOf("source", {{Id(3), 1 << 20}, {Id(4), 1 << 20}}));
+  EXPECT_EQ(both.results(0).outcome(), v1::PULLED) << both.results(0).error();
+  EXPECT_EQ(both.results(1).outcome(), v1::PULLED) << both.results(1).error();
+  EXPECT_EQ(CounterOf(reader.agent->GetStatus(), "pulls_asked_again_for_room"), 2u);
+
+  // Refused for room while nothing of this reader's is on its way back (its room is taken by a
+  // lease it holds otherwise): final, with the source's reason.
+  ASSERT_TRUE(Eventually([&] { return source.store->Pins(Id(4)) == 0; }));
+  v1::LeaseRequest hold;
+  hold.set_protocol_version(kProtocolVersion);
+  hold.add_object_ids(Id(1).Binary());
+  hold.add_reader_providers("tcp;ofi_rxm");
+  ASSERT_EQ(source.agent->Lease(hold, "reader").leases(0).error_code(), v1::ERROR_CODE_NONE);
+  v1::PullReply refused = reader.agent->Pull(PullOf("source", {{Id(2), b.size()}}));
+  EXPECT_EQ(refused.results(0).outcome(), v1::ALREADY_LOCAL) << "pulled before: found here";
+  source.store->Put(Id(5), RandomBytes(1 << 20, 9));
+  refused = reader.agent->Pull(PullOf("source", {{Id(5), 1 << 20}}));
+  EXPECT_EQ(refused.results(0).outcome(), v1::FAILED);
+  EXPECT_EQ(refused.results(0).error_code(), v1::ERROR_CODE_RESOURCE_EXHAUSTED)
+      << refused.results(0).error();
+  EXPECT_NE(refused.results(0).error().find("refused a lease"), std::string::npos)
+      << refused.results(0).error();
+  EXPECT_EQ(CounterOf(reader.agent->GetStatus(), "pulls_asked_again_for_room"), 2u);
+  EXPECT_FALSE(reader.store->Exists(Id(5)));
+}
+
+}  // namespace
+}  // namespace rayfabric::agent::testing
