@@ -1,8 +1,8 @@
 // The node agent's logic (rayfabricd): composes this node's plasma store (src/plasma) and the
 // fabric engine (src/fabric). It serves leases on local objects to remote readers and pulls
 // remote objects into the local store by fi_read. The gRPC faces (peer_service.cc,
-// local_service.cc) are thin adapters over these methods; remote agents are reached through
-// PeerClients.
+// local_service.cc) are thin adapters over these methods. It meets the world at two seams: the
+// node's store (LocalStore) and other nodes' agents (PeerCalls).
 #pragma once
 
 #include <atomic>
@@ -12,19 +12,19 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/client_context.h>
 
 #include "agent.pb.h"
 #include "agent/auth.h"
 #include "agent/counters.h"
 #include "agent/fallback_counts.h"
 #include "agent/lease_table.h"
-#include "agent/peer_clients.h"
+#include "agent/local_store.h"
+#include "agent/peer_calls.h"
 #include "agent/store_warmer.h"
 #include "agent/wire.h"
 #include "rayfabric/config.h"
@@ -53,12 +53,19 @@ struct AgentOptions {
   Credentials credentials = Credentials::Insecure();  // for calls to other agents
 };
 
+// Where the agent meets the world; each left empty is the real one. A unit test replaces them to
+// run agents without Ray, and to inject what a real store or peer cannot be made to do.
+struct AgentSeams {
+  StoreConnector connect_store;      // empty: the plasma store at AgentOptions::plasma_socket
+  std::unique_ptr<PeerCalls> peers;  // null: gRPC, with AgentOptions::credentials
+};
+
 class Agent {
  public:
   // Connects to the store (twice: one connection serves leases, one creates replicas, so that
   // a pull waiting for room in a full store never blocks serving) and opens one engine per
   // fabric this node speaks.
-  static Result<std::unique_ptr<Agent>> Open(AgentOptions options);
+  static Result<std::unique_ptr<Agent>> Open(AgentOptions options, AgentSeams seams = {});
   ~Agent();  // unpins everything still leased
 
   v1::InfoReply Info() const;
@@ -90,7 +97,7 @@ class Agent {
   // A store connection. Whoever uses one keeps it alive for as long as anything of theirs is in
   // flight on it: a broken connection is replaced at once, but closed (and the store aborts its
   // unsealed replicas) only when the last user is done, never while a read may still land.
-  using StorePtr = std::shared_ptr<plasma::PlasmaClient>;
+  using StorePtr = std::shared_ptr<LocalStore>;
   // What a lease exposes (config "exposure"): the whole arena, or the leased object's bytes only
   // through a registration of its own, held in lease_regions_ by lease id until the lease ends.
   enum class Exposure { kArena, kObject };
@@ -108,7 +115,7 @@ class Agent {
     const std::string& provider() const { return engine().profile().provider; }
   };
 
-  Agent(AgentOptions options, StorePtr serve_store, StorePtr pull_store,
+  Agent(AgentOptions options, AgentSeams seams, StorePtr serve_store, StorePtr pull_store,
         std::vector<Fabric> fabrics, uint64_t max_lease_bytes_per_peer);
 
   // The fabric of `provider`, or null if this node does not speak it.
@@ -122,7 +129,7 @@ class Agent {
   StorePtr ServeStore(uint64_t* generation = nullptr);
   StorePtr PullStore();
   Result<StorePtr> ConnectStore();
-  void WatchSegments(plasma::PlasmaClient& store);  // unmapped segments drop their registration
+  void WatchSegments(LocalStore& store);  // unmapped segments drop their registration
 
   // The registration of `fab`'s rail `rail` covering a mapped store segment (registered once, in
   // slices; dropped on unmap).
@@ -136,7 +143,7 @@ class Agent {
                   const std::string& requester);
   void GrantLease(Fabric& fab, size_t rails, v1::Lease& lease, const ObjectId& id,
                   const plasma::ObjectBuffer& obj, std::chrono::milliseconds ttl,
-                  const std::string& requester, plasma::PlasmaClient& store, uint64_t generation);
+                  const std::string& requester, LocalStore& store, uint64_t generation);
   // Unpins a leased object, on the connection it was pinned on if that one still lives.
   void Unpin(const LeasedObject& object);
   // Lease's work, timed by Lease (the reply says how long the source took: LeaseReply.served_s).
@@ -173,14 +180,55 @@ class Agent {
                         std::function<bool()> cancelled, ClaimWatch* claims);
   // Reports to an early-answered Pull the jobs that are settled: created here, or finished.
   void Settle(const PullBounds& bounds, const std::vector<PullJob*>& jobs);
-  // `excluded`: providers not to offer the source (they failed with it in this Pull). Objects
-  // whose reads failed on the fabric are pulled again over the next provider both nodes share, if
-  // any, and that provider is skipped with this source for kUnusableFor. Objects the source
-  // refused for want of room for this node while leases of this node's there were being given
-  // back are asked again once they are (`room_retried`: done already in this Pull).
+  // Pulls `jobs` from one source: leases them, reaches the source on the fabric it answered on,
+  // reads them in waves, releases the leases. Objects whose reads failed on the fabric are pulled
+  // again over the next provider both nodes share, if any (and that provider is skipped with this
+  // source for kUnusableFor); objects the source refused for want of room for this node while
+  // leases of this node's there were being given back are asked again once they are (once per
+  // Pull). Each such try is an attempt, made in turn.
   void PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
-                      const PullBounds& bounds, std::set<std::string> excluded = {},
-                      bool room_retried = false);
+                      const PullBounds& bounds);
+  struct SourceAttempt {
+    std::vector<PullJob*> jobs;
+    std::set<std::string> excluded;  // providers not to offer (they failed in this Pull)
+    bool room_retried = false;       // a refusal for room was asked again already
+    bool after_releases = false;     // asked again for room: once this node's leases are back
+  };
+  // The lease step of an attempt: the source's reply, and when it was asked.
+  struct SourceLease {
+    Status status;
+    v1::LeaseReply reply;
+    std::chrono::steady_clock::time_point asked_at;
+    bool releases_pending = false;  // this node's leases there were on their way back
+  };
+  // The source as a fabric peer, on the fabric it answered on, and on its further rails.
+  struct SourcePeer {
+    Status status;
+    Fabric* fab = nullptr;
+    fabric::PeerId peer = 0;
+    std::vector<fabric::PeerId> rail_peers;  // rails 2, 3, ...
+  };
+  // One attempt, start to end; the attempts it leads to go onto `to_try`.
+  void AttemptFromSource(const std::string& source, const SourceAttempt& attempt,
+                         const StorePtr& store, const PullBounds& bounds, PullPhaseTimes& phases,
+                         std::vector<SourceAttempt>& to_try);
+  SourceLease LeaseFromSource(const std::string& source, const SourceAttempt& attempt,
+                              const PullBounds& bounds, PullPhaseTimes& phases);
+  SourcePeer ConnectToSource(const std::string& source, const v1::LeaseReply& reply);
+  // Takes `lease` (or its refusal) for `job`; true when it was refused for want of room and may
+  // be asked again (`room_may_come`).
+  bool AcceptLease(const std::string& source, PullJob& job, const v1::Lease& lease,
+                   const SourcePeer& to, std::chrono::steady_clock::time_point asked_at,
+                   bool room_may_come, LocalStore& store);
+  // The reads that failed on `fab` (the attempt's fabric), to try over the next provider.
+  std::optional<SourceAttempt> FailoverAttempt(const std::string& source,
+                                               const SourceAttempt& attempt, const Fabric* fab);
+  // Waits for this node's releases to `source`; false (each job keeping its refusal, settled)
+  // when the Pull has no time for another attempt.
+  bool ReadyToAskAgainForRoom(const std::string& source, const std::vector<PullJob*>& jobs,
+                              const PullBounds& bounds);
+  static bool TimeLeft(const PullBounds& bounds);
+  static void ResetForAnotherAttempt(PullJob& job);
   // One source's side of a Pull, once leased: what StartReads and FinishReads share.
   struct SourceReads {
     const std::string& source;
@@ -191,6 +239,9 @@ class Agent {
     const PullBounds& bounds;
     PullPhaseTimes& phases;
   };
+  // The jobs' reads in waves; `settled` are reported claimed to an early-answered Pull.
+  void RunWaves(const SourceReads& reads, const std::vector<PullJob*>& jobs,
+                const std::vector<PullJob*>& settled);
   // Whether `job`'s lease ends too soon to start its read; if so, its result says so.
   bool RefusedForLeaseEnd(PullJob& job, const std::string& source);
   // Creates the group's replicas (one store round trip) and starts each one's read; the started
@@ -214,7 +265,7 @@ class Agent {
   void PullOnce(std::vector<PullJob*> pending, const PullBounds& bounds);
   // ALREADY_LOCAL when the object is sealed in this node's store (asked only when a pull cannot
   // go on: a lease refused or a Create that found the object).
-  bool AnsweredLocal(PullJob& job, plasma::PlasmaClient& store);
+  bool AnsweredLocal(PullJob& job, LocalStore& store);
   void SweepLoop();
   // Leases are released off the Pull's critical path: QueueRelease only hands the request to the
   // releaser thread (ReleaseLoop), which starts it as its own asynchronous RPC, so that neither
@@ -257,12 +308,14 @@ class Agent {
   void RetireRelease(uint64_t key);
   struct PendingRelease {
     std::string source;
-    grpc::ClientContext context;
+    std::unique_ptr<PeerCall> call;
     v1::ReleaseRequest request;
     v1::ReleaseReply reply;
   };
 
   AgentOptions options_;
+  StoreConnector connect_store_;
+  std::unique_ptr<PeerCalls> peers_;
   std::mutex stores_mu_;
   StorePtr serve_store_;
   StorePtr pull_store_;
@@ -274,7 +327,6 @@ class Agent {
   // reader's list). Fixed after Open.
   std::vector<Fabric> fabrics_;
   LeaseTable leases_;
-  PeerClients peers_;
   std::mutex lease_regions_mu_;
   std::map<uint64_t, std::vector<fabric::RegisteredRange>> lease_regions_;  // one per rail
   void DropLeaseRegion(uint64_t lease_id);

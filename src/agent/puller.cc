@@ -1,7 +1,5 @@
 #include "agent/agent.h"
 
-#include <grpcpp/grpcpp.h>
-
 #include <algorithm>
 #include <chrono>
 #include <limits>
@@ -50,30 +48,6 @@ constexpr int kMaxBackgroundPulls = 64;
 constexpr auto kReplyMargin = std::chrono::milliseconds(250);
 // A provider whose reads from a source all failed is not offered to that source for this long.
 constexpr auto kUnusableFor = std::chrono::seconds(60);
-
-Status FromGrpc(const grpc::Status& s, const std::string& what) {
-  switch (s.error_code()) {
-    case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-      return Unavailable(what + ": " + s.error_message() +
-                         " (is rayfabricd running on that node? `rayfabric status`)");
-    case grpc::StatusCode::FAILED_PRECONDITION:
-      return VersionMismatch(what + ": " + s.error_message());
-    case grpc::StatusCode::UNIMPLEMENTED:  // an agent older than protocol V3 (no Peer service)
-      return VersionMismatch(what +
-                             ": it does not serve rayfabric.v1.Peer (protocol V3), so it "
-                             "runs an older rayfabric (" +
-                             s.error_message() + "); run the same rayfabric version on every node");
-    case grpc::StatusCode::INVALID_ARGUMENT:
-      return InvalidArgument(what + ": " + s.error_message());
-    case grpc::StatusCode::UNAUTHENTICATED:
-      return PermissionDenied(what + ": " + s.error_message() +
-                              " (do both nodes use the same Ray cluster token?)");
-    default:
-      return ProtocolError(what + ": gRPC " + std::to_string(s.error_code()) + ": " +
-                           s.error_message());
-  }
-}
 
 // Where a lease says the object's bytes lie, checked to add up to exactly `size` bytes (a source
 // that describes more or less is refused: never a replica of its choosing).
@@ -394,7 +368,7 @@ void Agent::PullPhaseTimes::Into(v1::PullPhases& out) const {
   out.set_waves(waves.load());
 }
 
-bool Agent::AnsweredLocal(PullJob& job, plasma::PlasmaClient& store) {
+bool Agent::AnsweredLocal(PullJob& job, LocalStore& store) {
   auto local = store.Contains(job.id);
   if (!local.ok() || !*local) return false;
   job.result->set_outcome(v1::ALREADY_LOCAL);
@@ -513,72 +487,116 @@ void Agent::MarkUnusable(const std::string& source, const std::string& provider,
 }
 
 void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
-                           const PullBounds& bounds, std::set<std::string> excluded,
-                           bool room_retried) {
-  const Clock::time_point deadline = bounds.deadline;
+                           const PullBounds& bounds) {
   // This connection creates, seals or aborts every replica of this source's objects, and stays
   // open while any of their reads may land (see StorePtr).
   const StorePtr store = PullStore();
-  auto stub = peers_.Get(source);
-  // 1. Lease every object from the source agent in one request, for as long as this pull may
-  //    take (the source clamps it to its max_lease_ttl_ms; the reply says what it granted).
-  v1::LeaseRequest lease_request;
-  lease_request.set_protocol_version(kProtocolVersion);
-  lease_request.set_requester(BytesToHex(options_.node_id));
-  const auto wanted =
-      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now() + kLeaseMargin);
-  lease_request.set_ttl_ms(static_cast<uint32_t>(
+  PullPhaseTimes scratch;  // a Pull without a caller that reads them
+  PullPhaseTimes& phases = bounds.phases != nullptr ? *bounds.phases : scratch;
+  // Depth first, as the attempts were made: a failover's own further attempts go before the
+  // room retry of the attempt that failed over.
+  std::vector<SourceAttempt> to_try;
+  to_try.push_back({jobs, {}, false, false});
+  while (!to_try.empty()) {
+    SourceAttempt attempt = std::move(to_try.back());
+    to_try.pop_back();
+    if (attempt.after_releases && !ReadyToAskAgainForRoom(source, attempt.jobs, bounds)) continue;
+    AttemptFromSource(source, attempt, store, bounds, phases, to_try);
+  }
+}
+
+bool Agent::ReadyToAskAgainForRoom(const std::string& source, const std::vector<PullJob*>& jobs,
+                                   const PullBounds& bounds) {
+  // Each keeps its refusal unless it is asked again.
+  if (!TimeLeft(bounds) || !WaitForReleasesTo(source, bounds) || !TimeLeft(bounds)) {
+    Settle(bounds, jobs);
+    return false;
+  }
+  for (PullJob* job : jobs) ResetForAnotherAttempt(*job);
+  counters_.Add(Count::kPullsAskedAgainForRoom);
+  RF_LOG(kInfo, jobs.size() << " object(s) refused by " << source
+                            << " for want of room: asked again, this node's leases there given "
+                               "back");
+  return true;
+}
+
+bool Agent::TimeLeft(const PullBounds& bounds) {
+  return !bounds.Cancelled() && Clock::now() + kLeaseMargin <= bounds.deadline;
+}
+
+void Agent::ResetForAnotherAttempt(PullJob& job) {
+  const std::string object_id = job.result->object_id();
+  job.result->Clear();
+  job.result->set_object_id(object_id);
+  job.lease.Clear();
+  job.leased = false;
+  job.remote.clear();
+  job.rail_remote.clear();
+  job.transfer = fabric::Transfer();
+  job.rails_used = 0;
+  job.fabric_failed = false;
+}
+
+Agent::SourceLease Agent::LeaseFromSource(const std::string& source, const SourceAttempt& attempt,
+                                          const PullBounds& bounds, PullPhaseTimes& phases) {
+  // Every object in one request, for as long as this pull may take (the source clamps it to its
+  // max_lease_ttl_ms; the reply says what it granted).
+  v1::LeaseRequest request;
+  request.set_protocol_version(kProtocolVersion);
+  request.set_requester(BytesToHex(options_.node_id));
+  const auto wanted = std::chrono::duration_cast<std::chrono::milliseconds>(
+      bounds.deadline - Clock::now() + kLeaseMargin);
+  request.set_ttl_ms(static_cast<uint32_t>(
       std::clamp<int64_t>(wanted.count(), 1, std::numeric_limits<uint32_t>::max())));
-  for (PullJob* job : jobs) lease_request.add_object_ids(job->id.Binary());
+  for (PullJob* job : attempt.jobs) request.add_object_ids(job->id.Binary());
   // Every provider of this node but those that failed in this Pull, and but those that failed
   // with this source lately (unless that leaves none: the failure may have passed).
   const std::set<std::string> unusable = UnusableWith(source);
+  const std::set<std::string>& excluded = attempt.excluded;
   const bool all_unusable = std::all_of(fabrics_.begin(), fabrics_.end(), [&](const Fabric& fab) {
     return excluded.count(fab.provider()) > 0 || unusable.count(fab.provider()) > 0;
   });
   for (const Fabric& fab : fabrics_) {
     if (excluded.count(fab.provider()) > 0) continue;
     if (!all_unusable && unusable.count(fab.provider()) > 0) continue;
-    lease_request.add_reader_providers(fab.provider());
-    lease_request.add_reader_rails(static_cast<uint32_t>(fab.rails.size()));
+    request.add_reader_providers(fab.provider());
+    request.add_reader_rails(static_cast<uint32_t>(fab.rails.size()));
   }
-  v1::LeaseReply lease_reply;
-  grpc::ClientContext lease_ctx;
-  peers_.Prepare(lease_ctx);
-  lease_ctx.set_deadline(ToSystem(std::min(deadline, Clock::now() + kPeerRpcTimeout)));
-  // Lease expiries are counted from before the request left: by our clock they end no later than
-  // by the source's.
+  SourceLease leased;
+  std::unique_ptr<PeerCall> call = peers_->NewCall();
+  // A lease sent to a source goes after every release queued for it before.
   StartQueuedReleases(source);
   // Earlier leases of this node's at the source not yet given back: a refusal for want of room may
-  // be theirs (asked again below, once they are).
-  const bool releases_pending = ReleasesPendingTo(source);
-  const Clock::time_point asked_at = Clock::now();
-  grpc::Status rpc = CancellableCall(
-      lease_ctx, [&bounds] { return bounds.Cancelled(); },
-      [&](std::function<void(grpc::Status)> done) {
-        stub->async()->LeaseObjects(&lease_ctx, &lease_request, &lease_reply, std::move(done));
+  // be theirs (asked again, once they are).
+  leased.releases_pending = ReleasesPendingTo(source);
+  // Lease expiries are counted from before the request left: by our clock they end no later than
+  // by the source's.
+  leased.asked_at = Clock::now();
+  leased.status = AwaitPeerCall(
+      *call, [&bounds] { return bounds.Cancelled(); },
+      [&](PeerCalls::Done done) {
+        peers_->StartLease(*call, source, request, leased.reply,
+                           std::min(bounds.deadline, Clock::now() + kPeerRpcTimeout),
+                           std::move(done));
       });
-  PullPhaseTimes scratch;  // a Pull without a caller that reads them
-  PullPhaseTimes& phases = bounds.phases != nullptr ? *bounds.phases : scratch;
-  const Clock::time_point answered = PullPhaseTimes::Lap(phases.lease, asked_at);
+  const Clock::time_point answered = PullPhaseTimes::Lap(phases.lease, leased.asked_at);
   // The source's word for its own part, believed no further than this round trip (NaN, negative
   // or too large from a broken or hostile source: counted as the whole round trip at most).
-  if (rpc.ok() && lease_reply.served_s() > 0) {
+  if (leased.status.ok() && leased.reply.served_s() > 0) {
     const auto round_trip_ns =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(answered - asked_at).count();
+        std::chrono::duration_cast<std::chrono::nanoseconds>(answered - leased.asked_at).count();
     phases.lease_served += static_cast<int64_t>(
-        std::min(lease_reply.served_s() * 1e9, static_cast<double>(round_trip_ns)));
+        std::min(leased.reply.served_s() * 1e9, static_cast<double>(round_trip_ns)));
   }
-  Status leased_status =
-      rpc.ok() ? Status::OK() : FromGrpc(rpc, "leasing from the agent at " + source);
-  if (leased_status.ok() && lease_reply.leases_size() != static_cast<int>(jobs.size())) {
-    leased_status = ProtocolError("the agent at " + source + " answered " +
-                                  std::to_string(lease_reply.leases_size()) + " leases for " +
-                                  std::to_string(jobs.size()) + " objects");
+  const size_t asked = attempt.jobs.size();
+  if (leased.status.ok() && leased.reply.leases_size() != static_cast<int>(asked)) {
+    leased.status = ProtocolError("the agent at " + source + " answered " +
+                                  std::to_string(leased.reply.leases_size()) + " leases for " +
+                                  std::to_string(asked) + " objects");
     // Whatever it granted is given back (it would count against this node's bound until its TTL).
     v1::ReleaseRequest release;
     release.set_protocol_version(kProtocolVersion);
-    for (const v1::Lease& lease : lease_reply.leases()) {
+    for (const v1::Lease& lease : leased.reply.leases()) {
       if (lease.error_code() != v1::ERROR_CODE_NONE || lease.lease_id() == 0) continue;
       v1::LeaseRef* ref = release.add_leases();
       ref->set_lease_id(lease.lease_id());
@@ -586,128 +604,103 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
     }
     if (release.leases_size() > 0) QueueRelease(source, std::move(release));
   }
-  if (!leased_status.ok()) {
-    for (PullJob* job : jobs) {
-      if (!AnsweredLocal(*job, *store)) SetError(*job->result, leased_status);
-    }
-    RecordLink(source, lease_reply, nullptr, jobs);
-    Settle(bounds, jobs);
-    return;
-  }
+  return leased;
+}
+
+Agent::SourcePeer Agent::ConnectToSource(const std::string& source, const v1::LeaseReply& reply) {
   // The source answered on the best fabric both nodes speak; its address names the provider, and
   // only this node's engine of that provider may insert it.
-  fabric::PeerId peer = 0;
-  Status peer_status = Status::OK();
-  Fabric* fab = FabricFor(lease_reply.provider());
-  if (fab == nullptr) {
-    peer_status =
-        Unavailable("the agent at " + source + " answered on provider '" + lease_reply.provider() +
+  SourcePeer to;
+  to.fab = FabricFor(reply.provider());
+  if (to.fab == nullptr) {
+    to.status =
+        Unavailable("the agent at " + source + " answered on provider '" + reply.provider() +
                     "', which this node does not speak (" + FabricList() + ")");
-  } else {
-    auto added = fab->engine().AddPeer({lease_reply.provider(), lease_reply.fabric(),
-                                        lease_reply.domain(), lease_reply.fabric_address()});
-    if (added.ok()) {
-      peer = *added;
-    } else {
-      peer_status =
-          added.status().WithContext("adding the agent at " + source + " as a fabric peer");
-    }
+    return to;
   }
+  auto added = to.fab->engine().AddPeer(
+      {reply.provider(), reply.fabric(), reply.domain(), reply.fabric_address()});
+  if (!added.ok()) {
+    to.status = added.status().WithContext("adding the agent at " + source + " as a fabric peer");
+    return to;
+  }
+  to.peer = *added;
   // The source's further rails, each on this node's rail of the same rank: as many as both have
   // (a rail that cannot be added ends the list: large objects then stripe across fewer).
-  std::vector<fabric::PeerId> rail_peers;  // rails 2, 3, ...
-  if (peer_status.ok()) {
-    for (int k = 0; k < lease_reply.rails_size() && static_cast<size_t>(k) + 1 < fab->rails.size();
-         ++k) {
-      const v1::RailAddress& rail = lease_reply.rails(k);
-      auto added = fab->rails[k + 1]->AddPeer(
-          {lease_reply.provider(), rail.fabric(), rail.domain(), rail.address()});
-      if (!added.ok()) {
-        RF_LOG(kWarn, "rail " << k + 2 << " to the agent at " << source
-                              << " not used: " << added.status());
-        break;
-      }
-      rail_peers.push_back(*added);
+  for (int k = 0; k < reply.rails_size() && static_cast<size_t>(k) + 1 < to.fab->rails.size();
+       ++k) {
+    const v1::RailAddress& rail = reply.rails(k);
+    auto rail_peer = to.fab->rails[k + 1]->AddPeer(
+        {reply.provider(), rail.fabric(), rail.domain(), rail.address()});
+    if (!rail_peer.ok()) {
+      RF_LOG(kWarn, "rail " << k + 2 << " to the agent at " << source
+                            << " not used: " << rail_peer.status());
+      break;
     }
+    to.rail_peers.push_back(*rail_peer);
   }
-  // A refusal for want of room may pass once this node's leases there are given back: earlier
-  // Pulls' still on their way, or this one's, once read. Asked again then, once per Pull.
-  const bool room_may_come =
-      !room_retried && peer_status.ok() &&
-      (releases_pending || std::any_of(lease_reply.leases().begin(), lease_reply.leases().end(),
-                                       [](const v1::Lease& lease) {
-                                         return lease.error_code() == v1::ERROR_CODE_NONE;
-                                       }));
-  std::vector<PullJob*> refused_for_room;  // not settled yet: they may be pulled after all
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    PullJob& job = *jobs[i];
-    job.lease = lease_reply.leases(static_cast<int>(i));
-    if (job.lease.error_code() != v1::ERROR_CODE_NONE) {
-      if (AnsweredLocal(job, *store)) continue;
-      if (room_may_come && job.lease.error_code() == v1::ERROR_CODE_RESOURCE_EXHAUSTED) {
-        refused_for_room.push_back(&job);
-      }
-      // The source's reason, as its code (NotFound: not there; ResourceExhausted: its bounds).
-      const StatusCode why = FromErrorCode(job.lease.error_code());
-      SetError(*job.result,
-               Status(why, "the agent at " + source + " refused a lease on object " + job.id.Hex() +
-                               ": " + v1::ErrorCode_Name(job.lease.error_code()) + ": " +
-                               job.lease.error()));
-      continue;
-    }
-    job.leased = true;
-    job.lease_expires = asked_at + std::chrono::milliseconds(job.lease.expires_in_ms());
-    const uint64_t leased_size = job.lease.data_size() + job.lease.metadata_size();
-    if (job.lease.data_size() > leased_size || leased_size != job.item->object_size()) {
-      // The source describes an object of another size than Ray's directory does: never create
-      // (and seal) a replica of its choosing.
-      counters_.Add(Count::kLeasesSizeMismatch);
-      SetError(*job.result, OutOfRange("the agent at " + source + " leased object " + job.id.Hex() +
-                                       " as " + std::to_string(job.lease.data_size()) + " + " +
-                                       std::to_string(job.lease.metadata_size()) +
-                                       " bytes, but Ray's directory says " +
-                                       std::to_string(job.item->object_size()) + ": refused"));
-      continue;
-    }
-    Status described = ParseSlices(job.lease, leased_size, job.remote);
-    job.rail_remote.clear();
-    for (int k = 0;
-         described.ok() && k < job.lease.rails_size() && static_cast<size_t>(k) < rail_peers.size();
-         ++k) {
-      // A further rail's slices are checked like the first rail's: exactly the object's bytes.
-      v1::Lease on_rail;
-      *on_rail.mutable_slices() = job.lease.rails(k).slices();
-      std::vector<fabric::RemoteSlice> slices;
-      described = on_rail.slices_size() == 0 ? OutOfRange("it describes none of the object's bytes")
-                                             : ParseSlices(on_rail, leased_size, slices);
-      if (!described.ok()) described = described.WithContext("on rail " + std::to_string(k + 2));
-      job.rail_remote.push_back(std::move(slices));
-    }
-    if (!described.ok()) {
-      counters_.Add(Count::kLeasesSizeMismatch);
-      SetError(*job.result,
-               described.WithContext("the agent at " + source + " leased object " + job.id.Hex()));
-      continue;
-    }
-    if (!peer_status.ok()) {
-      SetError(*job.result, peer_status);
-      job.fabric_failed = true;
-    }
-  }
-  for (PullJob* job : jobs) job->result->set_provider(lease_reply.provider());
-  std::vector<PullJob*> settled;  // the refused ones, but those that may be asked again
-  for (size_t i = 0, r = 0; i < jobs.size(); ++i) {  // refused_for_room is in the jobs' order
-    if (r < refused_for_room.size() && refused_for_room[r] == jobs[i]) {
-      ++r;
-    } else {
-      settled.push_back(jobs[i]);
-    }
-  }
-  Settle(bounds, settled);
+  return to;
+}
 
-  // 2. In waves: create the replicas and start their reads, a group at a time (the next group's
-  //    creates overlap this group's reads); then wait for each read, sealing in groups.
-  const SourceReads reads{source, fab, peer, rail_peers, store, bounds, phases};
+bool Agent::AcceptLease(const std::string& source, PullJob& job, const v1::Lease& lease,
+                        const SourcePeer& to, Clock::time_point asked_at, bool room_may_come,
+                        LocalStore& store) {
+  job.lease = lease;
+  if (job.lease.error_code() != v1::ERROR_CODE_NONE) {
+    if (AnsweredLocal(job, store)) return false;
+    // The source's reason, as its code (NotFound: not there; ResourceExhausted: its bounds).
+    const StatusCode why = FromErrorCode(job.lease.error_code());
+    SetError(
+        *job.result,
+        Status(why, "the agent at " + source + " refused a lease on object " + job.id.Hex() + ": " +
+                        v1::ErrorCode_Name(job.lease.error_code()) + ": " + job.lease.error()));
+    return room_may_come && job.lease.error_code() == v1::ERROR_CODE_RESOURCE_EXHAUSTED;
+  }
+  job.leased = true;
+  job.lease_expires = asked_at + std::chrono::milliseconds(job.lease.expires_in_ms());
+  const uint64_t leased_size = job.lease.data_size() + job.lease.metadata_size();
+  if (job.lease.data_size() > leased_size || leased_size != job.item->object_size()) {
+    // The source describes an object of another size than Ray's directory does: never create
+    // (and seal) a replica of its choosing.
+    counters_.Add(Count::kLeasesSizeMismatch);
+    SetError(*job.result, OutOfRange("the agent at " + source + " leased object " + job.id.Hex() +
+                                     " as " + std::to_string(job.lease.data_size()) + " + " +
+                                     std::to_string(job.lease.metadata_size()) +
+                                     " bytes, but Ray's directory says " +
+                                     std::to_string(job.item->object_size()) + ": refused"));
+    return false;
+  }
+  Status described = ParseSlices(job.lease, leased_size, job.remote);
+  job.rail_remote.clear();
+  for (int k = 0; described.ok() && k < job.lease.rails_size() &&
+                  static_cast<size_t>(k) < to.rail_peers.size();
+       ++k) {
+    // A further rail's slices are checked like the first rail's: exactly the object's bytes.
+    v1::Lease on_rail;
+    *on_rail.mutable_slices() = job.lease.rails(k).slices();
+    std::vector<fabric::RemoteSlice> slices;
+    described = on_rail.slices_size() == 0 ? OutOfRange("it describes none of the object's bytes")
+                                           : ParseSlices(on_rail, leased_size, slices);
+    if (!described.ok()) described = described.WithContext("on rail " + std::to_string(k + 2));
+    job.rail_remote.push_back(std::move(slices));
+  }
+  if (!described.ok()) {
+    counters_.Add(Count::kLeasesSizeMismatch);
+    SetError(*job.result,
+             described.WithContext("the agent at " + source + " leased object " + job.id.Hex()));
+    return false;
+  }
+  if (!to.status.ok()) {
+    SetError(*job.result, to.status);
+    job.fabric_failed = true;
+  }
+  return false;
+}
+
+void Agent::RunWaves(const SourceReads& reads, const std::vector<PullJob*>& jobs,
+                     const std::vector<PullJob*>& settled) {
+  // Create the replicas and start their reads, a group at a time (the next group's creates
+  // overlap this group's reads); then wait for each read, sealing in groups.
   size_t next = 0;
   while (next < jobs.size()) {
     std::vector<PullJob*> wave;
@@ -720,25 +713,62 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
            ++next) {
         PullJob& job = *jobs[next];
         if (!job.leased || job.result->outcome() == v1::FAILED) continue;
-        if (bounds.Cancelled()) {
+        if (reads.bounds.Cancelled()) {
           SetError(*job.result, Aborted("the caller cancelled the pull"));
           continue;
         }
-        if (RefusedForLeaseEnd(job, source)) continue;
+        if (RefusedForLeaseEnd(job, reads.source)) continue;
         group.push_back(&job);
         group_bytes += job.lease.data_size() + job.lease.metadata_size();
       }
       StartReads(reads, group, wave, wave_bytes);
     }
-    Settle(bounds, settled);  // this wave's replicas are created: claimed
-    ++phases.waves;
+    Settle(reads.bounds, settled);  // this wave's replicas are created: claimed
+    ++reads.phases.waves;
     FinishReads(reads, wave);
   }
+}
 
-  RecordLink(source, lease_reply, fab, settled);  // not (yet) those that may be asked again
-
-  // 3. Release every lease we got, whatever happened: queued for the releaser, or (4.) here
-  //    before the same objects are leased again.
+void Agent::AttemptFromSource(const std::string& source, const SourceAttempt& attempt,
+                              const StorePtr& store, const PullBounds& bounds,
+                              PullPhaseTimes& phases, std::vector<SourceAttempt>& to_try) {
+  const std::vector<PullJob*>& jobs = attempt.jobs;
+  // 1. Lease every object from the source agent in one request.
+  const SourceLease leased = LeaseFromSource(source, attempt, bounds, phases);
+  if (!leased.status.ok()) {
+    for (PullJob* job : jobs) {
+      if (!AnsweredLocal(*job, *store)) SetError(*job->result, leased.status);
+    }
+    RecordLink(source, leased.reply, nullptr, jobs);
+    Settle(bounds, jobs);
+    return;
+  }
+  const v1::LeaseReply& reply = leased.reply;
+  // 2. Reach it on the fabric it answered on, with as many rails as both have.
+  const SourcePeer to = ConnectToSource(source, reply);
+  // 3. Take each lease, or the source's refusal. A refusal for want of room may pass once this
+  //    node's leases there are given back: earlier Pulls' still on their way, or this one's, once
+  //    read. Asked again then, once per Pull.
+  const bool room_may_come =
+      !attempt.room_retried && to.status.ok() &&
+      (leased.releases_pending ||
+       std::any_of(reply.leases().begin(), reply.leases().end(), [](const v1::Lease& lease) {
+         return lease.error_code() == v1::ERROR_CODE_NONE;
+       }));
+  std::vector<PullJob*> refused_for_room;  // not settled yet: they may be pulled after all
+  std::vector<PullJob*> settled;           // the others
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const bool may_ask_again = AcceptLease(source, *jobs[i], reply.leases(static_cast<int>(i)), to,
+                                           leased.asked_at, room_may_come, *store);
+    jobs[i]->result->set_provider(reply.provider());
+    (may_ask_again ? refused_for_room : settled).push_back(jobs[i]);
+  }
+  Settle(bounds, settled);
+  // 4. Read them, in waves.
+  const SourceReads reads{source, to.fab, to.peer, to.rail_peers, store, bounds, phases};
+  RunWaves(reads, jobs, settled);
+  RecordLink(source, reply, to.fab, settled);  // not (yet) those that may be asked again
+  // 5. Release every lease we got, whatever happened; and what goes again, to the same source.
   v1::ReleaseRequest release;
   release.set_protocol_version(kProtocolVersion);
   for (PullJob* job : jobs) {
@@ -747,81 +777,58 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
     ref->set_lease_id(job->lease.lease_id());
     ref->set_token(job->lease.token());
   }
-  auto release_later = [&] {
-    if (release.leases_size() > 0) QueueRelease(source, std::move(release));
-  };
-
-  // 4. What goes again, to the same source:
-  //  - reads that failed on this fabric, over the next provider both nodes share, if there is one;
-  //    a provider none of whose reads worked is skipped with this source for a while (unreachable
-  //    between the two: e.g. verbs across two IB subnets);
-  //  - objects the source refused for want of room for this node (max_lease_bytes_per_peer) while
-  //    leases of this node's there were about to be given back (earlier Pulls', or this one's),
-  //    once they are; once per Pull.
-  //  Both only while time is left.
-  std::vector<PullJob*> again;
-  std::set<std::string> next_excluded = excluded;
-  if (fab != nullptr) {
-    Status why;
-    bool any_pulled = false;
-    for (PullJob* job : jobs) {
-      any_pulled = any_pulled || job->result->outcome() == v1::PULLED;
-      if (job->fabric_failed && job->result->outcome() == v1::FAILED) {
-        if (again.empty())
-          why = Status(FromErrorCode(job->result->error_code()), job->result->error());
-        again.push_back(job);
-      }
-    }
-    if (!again.empty() && !any_pulled) MarkUnusable(source, fab->provider(), why);
-    // Each provider is tried once per Pull (a source that answers on one it was not offered gets
-    // no second try on it).
-    const bool another = next_excluded.insert(fab->provider()).second &&
-                         std::any_of(fabrics_.begin(), fabrics_.end(), [&](const Fabric& other) {
-                           return next_excluded.count(other.provider()) == 0;
-                         });
-    if (!another) again.clear();
-  }
-  const auto time_left = [&] {
-    return !bounds.Cancelled() && Clock::now() + kLeaseMargin <= bounds.deadline;
-  };
-  if ((again.empty() && refused_for_room.empty()) || !time_left()) {
+  std::optional<SourceAttempt> failover = FailoverAttempt(source, attempt, to.fab);
+  if ((!failover && refused_for_room.empty()) || !TimeLeft(bounds)) {
     Settle(bounds, refused_for_room);  // failed: not asked again
-    return release_later();
-  }
-  // The same source is leased again at once: this attempt's leases are released (and answered)
-  // first, so that the source does not count them twice against what this node may hold.
-  if (release.leases_size() > 0) ReleaseBeforeLeasingAgain(source, release, bounds);
-  auto reset = [](PullJob* job) {
-    const std::string object_id = job->result->object_id();
-    job->result->Clear();
-    job->result->set_object_id(object_id);
-    job->lease.Clear();
-    job->leased = false;
-    job->remote.clear();
-    job->rail_remote.clear();
-    job->transfer = fabric::Transfer();
-    job->rails_used = 0;
-    job->fabric_failed = false;
-  };
-  if (!again.empty() && time_left()) {
-    for (PullJob* job : again) reset(job);
-    RF_LOG(kInfo, again.size() << " object(s) from " << source << " failed over " << fab->provider()
-                               << ": trying the next provider both nodes have");
-    PullFromSource(source, again, bounds, std::move(next_excluded),
-                   room_retried || !refused_for_room.empty());
-  }
-  if (refused_for_room.empty()) return;
-  // Each keeps its refusal unless it is asked again.
-  if (!time_left() || !WaitForReleasesTo(source, bounds) || !time_left()) {
-    Settle(bounds, refused_for_room);
+    if (release.leases_size() > 0) QueueRelease(source, std::move(release));
     return;
   }
-  for (PullJob* job : refused_for_room) reset(job);
-  counters_.Add(Count::kPullsAskedAgainForRoom);
-  RF_LOG(kInfo, refused_for_room.size()
-                    << " object(s) refused by " << source
-                    << " for want of room: asked again, this node's leases there given back");
-  PullFromSource(source, refused_for_room, bounds, excluded, /*room_retried=*/true);
+  // The same source is leased again next: this attempt's leases are released (and answered)
+  // first, so that the source does not count them twice against what this node may hold.
+  if (release.leases_size() > 0) ReleaseBeforeLeasingAgain(source, release, bounds);
+  // Objects refused for want of room go once the failover (if any) is done, and this node's
+  // leases there are given back.
+  const bool room_retry = !refused_for_room.empty();
+  if (room_retry) to_try.push_back({std::move(refused_for_room), attempt.excluded, true, true});
+  if (failover && TimeLeft(bounds)) {
+    for (PullJob* job : failover->jobs) ResetForAnotherAttempt(*job);
+    failover->room_retried = attempt.room_retried || room_retry;
+    RF_LOG(kInfo, failover->jobs.size()
+                      << " object(s) from " << source << " failed over " << to.fab->provider()
+                      << ": trying the next provider both nodes have");
+    to_try.push_back(std::move(*failover));
+  }
+}
+
+std::optional<Agent::SourceAttempt> Agent::FailoverAttempt(const std::string& source,
+                                                           const SourceAttempt& attempt,
+                                                           const Fabric* fab) {
+  // Reads that failed on this fabric go again over the next provider both nodes share, if there
+  // is one; a provider none of whose reads worked is skipped with this source for a while
+  // (unreachable between the two: e.g. verbs across two IB subnets).
+  if (fab == nullptr) return std::nullopt;
+  SourceAttempt again{{}, attempt.excluded, attempt.room_retried, false};
+  Status why;
+  bool any_pulled = false;
+  for (PullJob* job : attempt.jobs) {
+    any_pulled = any_pulled || job->result->outcome() == v1::PULLED;
+    if (job->fabric_failed && job->result->outcome() == v1::FAILED) {
+      if (again.jobs.empty()) {
+        why = Status(FromErrorCode(job->result->error_code()), job->result->error());
+      }
+      again.jobs.push_back(job);
+    }
+  }
+  if (again.jobs.empty()) return std::nullopt;
+  if (!any_pulled) MarkUnusable(source, fab->provider(), why);
+  // Each provider is tried once per Pull (a source that answers on one it was not offered gets no
+  // second try on it).
+  const bool another = again.excluded.insert(fab->provider()).second &&
+                       std::any_of(fabrics_.begin(), fabrics_.end(), [&](const Fabric& other) {
+                         return again.excluded.count(other.provider()) == 0;
+                       });
+  if (!another) return std::nullopt;
+  return again;
 }
 
 bool Agent::RefusedForLeaseEnd(PullJob& job, const std::string& source) {
