@@ -24,7 +24,7 @@ _PACKAGED_BIN_DIR = os.path.join(_HERE, "_bin")
 def bin_dir():
     """Where the C++ binaries are: $RAYFABRIC_BIN_DIR (developers), else inside the installed
     package (the wheel), else the source tree's build/."""
-    env = os.environ.get("RAYFABRIC_BIN_DIR")
+    env = os.environ.get("RAYFABRIC_BIN_DIR")  # settings.py's bin_dir (not imported: this runs first)
     if env:
         return env
     if os.path.isdir(_PACKAGED_BIN_DIR):

@@ -14,7 +14,7 @@ from ray.experimental import internal_kv
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import _rayfabric_autoload
-from rayfabric import bin_dir
+from rayfabric import bin_dir, settings
 from rayfabric.launch_env import agent_fabric_env
 
 # The start-up hook (_rayfabric_autoload, which imports nothing of rayfabric) reads these too.
@@ -84,7 +84,8 @@ class NodeAgent:
         self._launch(node_hex, provider, env)
         # The agent's counters in Ray's metrics (rayfabric.metrics), read from it by this process.
         from rayfabric import metrics
-        interval = float((env or {}).get("RAYFABRIC_METRICS_INTERVAL_S", metrics.INTERVAL_S))
+        interval = (settings.get("metrics_interval_s", env) if "RAYFABRIC_METRICS_INTERVAL_S" in (env or {})
+                    else metrics.INTERVAL_S)
         self.metrics = metrics.AgentExporter(node_hex, self._status, interval) if interval > 0 else None
 
     def _status(self):

@@ -2,7 +2,6 @@
 import atexit
 import hashlib
 import logging
-import os
 import threading
 import time
 
@@ -11,6 +10,7 @@ import ray
 from rayfabric import _agents
 from rayfabric import agent_pb2 as pb
 from rayfabric import metrics
+from rayfabric import settings
 from rayfabric._client import (AgentClient, PullSocketClient, PullSocketUnavailable, counters, error_name,
                                exposure_name)
 
@@ -23,33 +23,23 @@ _ray_get = getattr(ray.get, "_rayfabric_original", ray.get)
 _ray_wait = getattr(ray.wait, "_rayfabric_original", ray.wait)  # as _ray_get: transparent mode replaces ray.wait (rayfabric.waits)
 
 # Objects smaller than this go through Ray's own path (a pull's fixed cost is not worth it) ...
-MIN_OBJECT_BYTES = int(os.environ.get("RAYFABRIC_MIN_OBJECT_BYTES", str(64 << 10)))
+MIN_OBJECT_BYTES = settings.get("min_object_bytes")
 # ... and so does a whole get whose remote objects add up to less than this: one Pull costs a few
 # round trips between processes, which Ray's own pull of one small object does not pay
 # (docs/benchmarks.md: crossover near 1 MiB on loopback TCP); many small objects in one get
 # share one Pull and gain.
-MIN_PULL_BYTES = int(os.environ.get("RAYFABRIC_MIN_PULL_BYTES", str(1 << 20)))
-PULL_TIMEOUT_S = float(os.environ.get("RAYFABRIC_PULL_TIMEOUT_S", "60"))
+MIN_PULL_BYTES = settings.get("min_pull_bytes")
+PULL_TIMEOUT_S = settings.get("pull_timeout_s")
 # How long an owner waits for the location of its own task's result that is in plasma but not yet
 # in its record (the raylet that stored it says where a moment after the task's reply: 0.15-3.8 ms
 # measured, in ~2% of gets). Reading the own record costs no round trip.
 OWN_LOCATION_WAIT_S = 0.05
 
 
-def _switch(name, on, off):
-    """A 1/0 setting (default 1); `on`/`off` say what each value does, for the error."""
-    value = os.environ.get(name, "1").strip().lower()
-    if value not in ("1", "0", "true", "false"):
-        raise ValueError(f"{name}={value!r}: use 1 (the default: {on}) or 0 ({off})")
-    return value in ("1", "true")
-
-
 # Whether the locations of objects this process owns are read from its own reference counter.
-OWN_LOCATIONS = _switch("RAYFABRIC_OWN_LOCATIONS", "the locations of what a process owns are read from its own record",
-                        "asked of the owner's RPC, as for borrowed objects")
+OWN_LOCATIONS = settings.get("own_locations")
 # Whether pulls are asked of this node's agent over its pull socket (else gRPC's local socket).
-PULL_SOCKET = _switch("RAYFABRIC_PULL_SOCKET", "pulls are asked of this node's agent over its pull socket",
-                      "over gRPC on its local socket")
+PULL_SOCKET = settings.get("pull_socket")
 
 _lock = threading.Lock()
 _clients = {}
@@ -215,20 +205,6 @@ def _fallback(reason, count=1):
         log.warning("rayfabric: falling back to Ray's object transfer: %s", reason)
 
 
-def _env_seconds(name, default):
-    """A positive number of seconds from the environment; a malformed value is logged and the
-    default used (this is read at import: a typo must not stop every worker)."""
-    raw = os.environ.get(name)
-    try:
-        value = float(raw) if raw is not None else default
-        if not value > 0:
-            raise ValueError("not positive")
-        return value
-    except ValueError:
-        log.warning("rayfabric: %s=%r is not a positive number of seconds; using %s", name, raw, default)
-        return default
-
-
 def _local_agent_address():
     """unix:<socket> of this node's agent (the only place it takes reports), or None."""
     here = ray.get_runtime_context().get_node_id()
@@ -247,7 +223,7 @@ class _FallbackReporter:
     counted in stats()["fallback_reports_failed"]. At exit what is pending is sent, bounded alike."""
     MAX_PENDING = 64
     OTHER = "(other reasons)"
-    TIMEOUT_S = _env_seconds("RAYFABRIC_FALLBACK_REPORT_TIMEOUT_S", 2.0)
+    TIMEOUT_S = settings.get("fallback_report_timeout_s")
 
     def __init__(self, address_fn=_local_agent_address):
         self.address = None  # set by the get that found this node's agent; else asked address_fn

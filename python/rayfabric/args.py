@@ -32,36 +32,28 @@ import time
 
 import ray
 
-from rayfabric import _agents, api
+from rayfabric import _agents, api, settings
 
 log = logging.getLogger("rayfabric")
 
 _CACHE_S = 30.0  # an actor's or a placement group's node, and a node's NodeAgent handle
 # How long a call waits for the destination to claim its existing arguments (0: never waits; the
 # prefetch then races Ray's own pull, which it loses almost always: docs/agent.md).
-CLAIM_WAIT_S = float(os.environ.get("RAYFABRIC_ARGS_CLAIM_WAIT_S", "2"))
+CLAIM_WAIT_S = settings.get("args_claim_wait_s")
 # What a call with ready arguments waits for (at most CLAIM_WAIT_S) before it is submitted:
 # "sealed" (the default): the destination's agent has read them into its store, so that Ray's own
 # pull, which starts when the call arrives, finds them there and moves nothing; "claimed": their
 # replicas are created (the call goes on sooner, but Ray's pull does not wait for an unsealed
 # replica: it moves the object too and the destination throws its chunks away, issue 30).
 WAIT_FOR = {"sealed": "sealed", "claimed": True}
-_wait_for = os.environ.get("RAYFABRIC_ARGS_WAIT_FOR", "sealed").strip().lower()
-if _wait_for not in WAIT_FOR:
-    raise ValueError(f"RAYFABRIC_ARGS_WAIT_FOR={_wait_for!r}: use sealed (the default: a call waits until its "
-                     f"arguments are in the destination's store) or claimed (until their replicas are created)")
-CLAIM_MODE = WAIT_FOR[_wait_for]
+CLAIM_MODE = WAIT_FOR[settings.get("args_wait_for")]
 # An argument still being computed at submission (or one a call could not wait for, from an event
 # loop): "ray" (the default) leaves it to Ray's own pull, which starts the moment it exists and
 # moves all of it whatever the agent does (a race the agent cannot win by being sealed first: the
 # bytes crossed twice, docs/benchmarks.md); "race": the destination's agent pulls it too, as soon
 # as it exists (the call is not delayed).
 PENDING_MODES = ("ray", "race")
-PENDING = os.environ.get("RAYFABRIC_ARGS_PENDING", "ray").strip().lower()
-if PENDING not in PENDING_MODES:
-    raise ValueError(f"RAYFABRIC_ARGS_PENDING={PENDING!r}: use ray (the default: an argument still being "
-                     f"computed at submission is left to Ray's own pull) or race (the destination's agent "
-                     f"pulls it too, racing Ray's pull)")
+PENDING = settings.get("args_pending")
 _lock = threading.Lock()
 _installed = {}
 _paused = threading.local()

@@ -52,9 +52,11 @@ ERROR, WARNING, INFO = "error", "warning", "info"
 # only); the doctor reports it. Run as a script (python3 python/rayfabric/doctor.py), without the
 # package: its sibling file.
 if __package__:
+    from rayfabric import settings as py_settings  # noqa: E402
     from rayfabric.launch_env import agent_fabric_env  # noqa: E402
 else:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import settings as py_settings  # noqa: E402
     from launch_env import agent_fabric_env  # noqa: E402
 
 
@@ -939,6 +941,55 @@ def render_text(r: Mapping[str, Any]) -> str:
     return "\n".join(L)
 
 
+def settings_report(env: Mapping[str, str] = os.environ, timeout: float = 60) -> dict[str, Any]:
+    """Every setting: the C++ table's (the agent's and the engine's: `rayfabric-fabric-info
+    --settings --json`) and the Python package's (rayfabric.settings), each with its type, what it
+    allows, its default, its value in `env` and, when that value is bad, why."""
+    engine: list[dict[str, Any]] | None = None
+    engine_error = ""
+    path, looked = find_engine_tool(env)
+    if path is None:
+        engine_error = f"no {ENGINE_TOOL} in RAYFABRIC_BIN_DIR or PATH (looked in {', '.join(looked)})"
+    else:
+        try:
+            p = subprocess.run([path, "--settings", "--json"], capture_output=True, text=True,
+                               timeout=timeout, env=dict(env))
+            engine = json.loads(p.stdout)
+            engine_error = p.stderr.strip()[-2000:] if p.returncode != 0 else ""
+        except (OSError, subprocess.TimeoutExpired, ValueError) as e:
+            engine_error = f"{ENGINE_TOOL} --settings failed: {e}"
+    python = []
+    for st in py_settings.TABLE:
+        row = {"name": st.name, "env": st.env, "type": st.type, "allows": py_settings.allows(st),
+               "default": st.default, "value": env.get(st.env, st.default),
+               "source": f"env {st.env}" if st.env in env else "default", "doc": st.doc, "error": ""}
+        try:
+            py_settings.get(st.name, env)
+        except ValueError as e:
+            row["error"] = str(e)
+        python.append(row)
+    return {"engine": engine, "engine_error": engine_error, "python": python,
+            "valid": not engine_error and all(not r["error"] for r in python)}
+
+
+def render_settings(report: dict[str, Any]) -> str:
+    """The settings report as `ucx_info -c` lists its own: doc, what it allows and the default as
+    comments, then ENV=value."""
+    out = ["# The agent's and the engine's settings (C++: src/common/config.cc)", ""]
+    for row in report["engine"] or []:
+        out += [f"# {row['doc']}", f"# {row['type']}: {row['allows']}; default '{row['default']}'"
+                + ("" if row["source"] == "default" else f"; set by {row['source']}"),
+                f"{row['env']}={row['value']}", ""]
+    if report["engine_error"]:
+        out += [f"# {'NOT VALID' if report['engine'] is not None else 'NOT LISTED'}: {report['engine_error']}", ""]
+    out += ["# The Python package's settings (python/rayfabric/settings.py)", ""]
+    for row in report["python"]:
+        out += [f"# {row['doc']}", f"# {row['type']}: {row['allows']}"
+                + ("" if row["source"] == "default" else f"; set by {row['source']}"),
+                f"{row['env']}={row['value']}"] + ([f"# NOT VALID: {row['error']}"] if row["error"] else []) + [""]
+    return "\n".join(out)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="rayfabric doctor", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -949,10 +1000,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "(default: when the running Ray's raylet log says huge page support is enabled)")
     ap.add_argument("--fi-info", help="fi_info of the libfabric rayfabric uses (default: PATH, then "
                     + EFA_FI_INFO + ")")
+    ap.add_argument("--settings", action="store_true", help="list every setting (the agent's, the engine's and "
+                    "the Python package's) with its type, what it allows, its default and its value here, "
+                    "as ucx_info -c does; exit 1 when one is not valid")
     ap.add_argument("--sysfs", default=SYSFS_IB, help=argparse.SUPPRESS)          # tests: a laid-out tree
     ap.add_argument("--dev-dir", default="/dev/infiniband", help=argparse.SUPPRESS)
     ap.add_argument("--proc-sys", default=PROC_SYS, help=argparse.SUPPRESS)         # tests: a laid-out tree
     a = ap.parse_args(argv)
+    if a.settings:
+        report = settings_report()
+        print(json.dumps(report, indent=2) if a.json else render_settings(report))
+        return 0 if report["valid"] else 1
     if a.store_bytes:
         try:
             store, source = parse_size(a.store_bytes), "--store-bytes"

@@ -22,13 +22,14 @@ From every process that calls rayfabric.get:
                                                       it if any, ids masked: reason_class)
 A Grafana dashboard over these: docs/grafana-rayfabric.json."""
 import logging
-import os
 import re
 import threading
 
+from rayfabric import settings
+
 log = logging.getLogger("rayfabric")
 
-INTERVAL_S = float(os.environ.get("RAYFABRIC_METRICS_INTERVAL_S", "5"))
+INTERVAL_S = settings.get("metrics_interval_s")
 
 # The agent's counter (StatusReply.counters, by name) -> (metric, extra tags, description)
 _AGENT_COUNTERS = (

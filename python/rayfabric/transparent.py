@@ -14,7 +14,7 @@ import os
 
 import ray
 
-from rayfabric import api
+from rayfabric import api, settings
 
 _original_get = None
 
@@ -42,9 +42,8 @@ def enable(arguments=True, waits=True, record=None):
     record for `rayfabric status` says it is on (`record`: how; the start-up hook says its own)."""
     global _original_get
     # Read first (the settings of the hooks included): a bad value refuses before anything is replaced.
-    waits = waits and api._switch("RAYFABRIC_WAITS", "ray.wait(fetch_local=True) pulls by the fabric",
-                                  "ray.wait is Ray's alone")
-    arguments = arguments and os.environ.get("RAYFABRIC_ARGS", "1") != "0"
+    waits = waits and settings.get("waits")
+    arguments = arguments and settings.get("args")
     if arguments:
         from rayfabric import args
     try:

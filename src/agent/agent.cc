@@ -20,7 +20,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr auto kReleaseDrain = std::chrono::seconds(2);
 
-// How every one of the agent's store connections is made (store_timeout_ms is checked by
+// How every one of the agent's store connections is made (the settings are validated by
 // Agent::Open before the first).
 StoreConnector PlasmaConnector(const AgentOptions& options) {
   plasma::ConnectOptions connect;
@@ -37,48 +37,29 @@ Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options, AgentSeams seam
         "the agent's node id must be a Ray NodeID (28 bytes, 56 hex digits), got " +
         std::to_string(options.node_id.size()) + " bytes");
   }
-  // Every numeric setting is checked here, once, with the name of the bad one.
-  for (const char* name : {"max_leases", "lease_ttl_ms", "max_lease_ttl_ms", "create_timeout_ms",
-                           "op_timeout_ms", "drain_timeout_ms", "store_timeout_ms"}) {
-    RF_ASSIGN_OR_RETURN(int64_t v, options.config.GetInt(name));
-    if (v <= 0)
-      return InvalidArgument(std::string(name) + " must be > 0, got " + std::to_string(v));
-  }
+  // Every setting against the table, once, each bad one named with what it allows.
+  RF_RETURN_IF_ERROR(options.config.Validate());
   if (!seams.connect_store) seams.connect_store = PlasmaConnector(options);
   if (seams.peers == nullptr) seams.peers = std::make_unique<GrpcPeerCalls>(options.credentials);
   RF_ASSIGN_OR_RETURN(StorePtr serve_store, seams.connect_store());
   RF_ASSIGN_OR_RETURN(StorePtr pull_store, seams.connect_store());
   // One host may pin at most this much of the store under leases.
-  const std::string per_peer = options.config.GetString("max_lease_bytes_per_peer");
-  uint64_t max_lease_bytes_per_peer = 0;
-  if (!per_peer.empty() && per_peer.back() == '%') {
-    char* end = nullptr;
-    const double pct = std::strtod(per_peer.c_str(), &end);
-    if (end != per_peer.c_str() + per_peer.size() - 1 || pct <= 0 || pct > 100) {
-      return InvalidArgument("max_lease_bytes_per_peer='" + per_peer +
-                             "': a share must be in (0%, 100%]");
-    }
-    max_lease_bytes_per_peer =
-        static_cast<uint64_t>(pct / 100.0 * static_cast<double>(serve_store->memory_capacity()));
-  } else {
-    RF_ASSIGN_OR_RETURN(max_lease_bytes_per_peer,
-                        options.config.GetBytes("max_lease_bytes_per_peer"));
-  }
+  RF_ASSIGN_OR_RETURN(const uint64_t max_lease_bytes_per_peer,
+                      options.config.GetBytesOrShare("max_lease_bytes_per_peer",
+                                                     static_cast<uint64_t>(std::max<int64_t>(
+                                                         serve_store->memory_capacity(), 0))));
   if (max_lease_bytes_per_peer == 0) {
-    return InvalidArgument(
-        "max_lease_bytes_per_peer must be > 0 (a size like 8G, or a share "
-        "like 50%)");
+    return InvalidArgument("max_lease_bytes_per_peer='" +
+                           options.config.GetString("max_lease_bytes_per_peer") +
+                           "' leaves no bytes of this node's store (" +
+                           std::to_string(serve_store->memory_capacity()) +
+                           " bytes): give a size (e.g. 8G) or a larger share");
   }
   RF_ASSIGN_OR_RETURN(bool allow_unprotected, options.config.GetBool("allow_unprotected_memory"));
-  RF_RETURN_IF_ERROR(options.config.GetBool("warm_store").status());  // a bad value: said here
   const std::string exposure = options.config.GetString("exposure");
-  if (exposure != "object" && exposure != "arena" && exposure != "auto") {
-    return InvalidArgument("exposure='" + exposure + "': use object, arena or auto");
-  }
   fabric::EngineOptions engine_options;
   engine_options.preferred_ip = options.listen_host;
   RF_ASSIGN_OR_RETURN(uint64_t stripe_min, options.config.GetBytes("stripe_min"));
-  if (stripe_min == 0) return InvalidArgument("stripe_min must be > 0 (e.g. 4M)");
   RF_ASSIGN_OR_RETURN(auto engines, fabric::Engine::OpenAll(options.config, engine_options));
   std::vector<Fabric> fabrics;
   for (auto& engine : engines) {

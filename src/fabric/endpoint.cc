@@ -151,17 +151,10 @@ Status EngineCore::Open(SelectedProvider selected, const Config& config,
   RF_ASSIGN_OR_RETURN(int64_t timeout_ms, config.GetInt("op_timeout_ms"));
   RF_ASSIGN_OR_RETURN(int64_t drain_ms, config.GetInt("drain_timeout_ms"));
   RF_ASSIGN_OR_RETURN(uint64_t max_registration, config.GetBytes("max_registration"));
-  if (max_registration < (1u << 20)) {
-    return InvalidArgument("max_registration must be at least 1M, got " +
-                           std::to_string(max_registration));
-  }
   // Slices start at multiples of it from the range's base: page-aligned bases stay page-aligned.
   profile_.max_registration_bytes = max_registration & ~static_cast<uint64_t>(4095);
   report_.chosen.max_registration_bytes = profile_.max_registration_bytes;
-  if (chunk == 0) return InvalidArgument("chunk_size must be > 0");
-  if (inflight <= 0) return InvalidArgument("max_inflight must be > 0");
-  if (timeout_ms <= 0) return InvalidArgument("op_timeout_ms must be > 0");
-  if (drain_ms <= 0) return InvalidArgument("drain_timeout_ms must be > 0");
+  // Each is within its bounds: the selection validated the configuration (RequestFrom).
   chunk_size_ = std::min<uint64_t>(chunk, profile_.max_msg_size ? profile_.max_msg_size : chunk);
   max_inflight_ = static_cast<size_t>(inflight);
   op_timeout_ = std::chrono::milliseconds(timeout_ms);

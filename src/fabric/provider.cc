@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "fabric/fabric_error.h"
+#include "rayfabric/json.h"
 
 namespace rayfabric::fabric {
 namespace {
@@ -239,21 +240,6 @@ void DecideKeyLifetime(const ProviderTraits& traits, ProviderProfile& p) {
   }
 }
 
-std::string JsonEscape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += ' ';
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 std::unique_ptr<struct fi_info, InfoDeleter> EngineHints(const EngineOptions& options) {
@@ -426,15 +412,14 @@ struct SelectionRequest {
 };
 
 Result<SelectionRequest> RequestFrom(const Config& config) {
+  // Every setting against the table, once, before anything is opened.
+  RF_RETURN_IF_ERROR(config.Validate());
   SelectionRequest req;
   req.wanted = SplitList(config.GetString("provider"));
   req.want_domain = config.GetString("domain");
   req.want_domains = SplitList(req.want_domain);
   RF_ASSIGN_OR_RETURN(req.require_rdma, config.GetBool("require_rdma"));
   RF_ASSIGN_OR_RETURN(req.max_rails, config.GetInt("max_rails"));
-  if (req.max_rails < 1 || req.max_rails > 64) {
-    return InvalidArgument("max_rails must be in [1, 64], got " + std::to_string(req.max_rails));
-  }
   req.fi_provider_env = std::getenv("FI_PROVIDER");
   req.filters =
       std::string("provider='") + config.GetString("provider") + "' domain='" + req.want_domain +

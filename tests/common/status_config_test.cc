@@ -1,4 +1,7 @@
 #include <gtest/gtest.h>
+
+#include <cctype>
+#include <set>
 #include <thread>
 
 #include <cstdlib>
@@ -64,6 +67,65 @@ TEST(Config, RejectsUnknownNamesAndBadValues) {
   EXPECT_NE(s.message().find("unknown size suffix"), std::string::npos);
   ASSERT_TRUE(c.Set("require_rdma", "maybe").ok());
   EXPECT_FALSE(c.GetBool("require_rdma").ok());
+}
+
+TEST(Config, ValidateNamesEveryBadSettingWhereItCameFromAndWhatItAllows) {
+  Config c = Config::FromEnvironment();
+  ASSERT_TRUE(c.Validate().ok()) << c.Validate() << " (the defaults must pass)";
+  setenv("RAYFABRIC_EXPOSURE", "everything", 1);
+  Config from_env = Config::FromEnvironment();
+  unsetenv("RAYFABRIC_EXPOSURE");
+  ASSERT_TRUE(from_env.Set("max_rails", "0").ok());
+  ASSERT_TRUE(from_env.Set("max_registration", "64K").ok());
+  ASSERT_TRUE(from_env.Set("max_lease_bytes_per_peer", "150%").ok());
+  ASSERT_TRUE(from_env.Set("warm_store", "maybe").ok());
+  ASSERT_TRUE(from_env.Set("op_timeout_ms", "soon").ok());
+  Status s = from_env.Validate();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  for (const char* says : {
+           "exposure='everything': use object, arena or auto (from env RAYFABRIC_EXPOSURE)",
+           "max_rails='0' must be in [1, 64] (given as --max_rails)",
+           "max_registration='64K' must be at least 1M",
+           "max_lease_bytes_per_peer='150%': a share must be in (0%, 100%]",
+           "warm_store='maybe' is not a boolean (true/false)",
+           "op_timeout_ms='soon' is not an integer",
+       }) {
+    EXPECT_NE(s.message().find(says), std::string::npos) << "no '" << says << "' in: " << s;
+  }
+  // One error for them all, and only for them.
+  EXPECT_EQ(s.message().find("chunk_size"), std::string::npos) << s;
+}
+
+TEST(Config, EveryRowHasATypeADefaultItAllowsAndADoc) {
+  const Config defaults = Config::FromEnvironment();
+  std::set<std::string> envs;
+  for (const ConfigEntry& e : ConfigTable()) {
+    EXPECT_TRUE(std::string(e.env) ==
+                std::string("RAYFABRIC_") +
+                    [&] {
+                      std::string upper(e.name);
+                      for (char& ch : upper)
+                        ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+                      return upper;
+                    }())
+        << e.name << " is read from " << e.env;
+    EXPECT_TRUE(envs.insert(e.env).second) << e.env << " twice";
+    EXPECT_GT(std::string(e.doc).size(), 10u) << e.name;
+    if (e.spec.type == SettingType::kChoice) {
+      EXPECT_NE(e.spec.choices, nullptr) << e.name;
+    }
+  }
+  EXPECT_TRUE(defaults.Validate().ok());
+}
+
+TEST(Config, SharesAreOfTheWholeGiven) {
+  Config c = Config::FromEnvironment();
+  ASSERT_TRUE(c.Set("max_lease_bytes_per_peer", "25%").ok());
+  EXPECT_EQ(*c.GetBytesOrShare("max_lease_bytes_per_peer", 1000), 250u);
+  ASSERT_TRUE(c.Set("max_lease_bytes_per_peer", "8M").ok());
+  EXPECT_EQ(*c.GetBytesOrShare("max_lease_bytes_per_peer", 1000), 8u << 20);
+  ASSERT_TRUE(c.Set("max_lease_bytes_per_peer", "0%").ok());
+  EXPECT_FALSE(c.GetBytesOrShare("max_lease_bytes_per_peer", 1000).ok());
 }
 
 }  // namespace

@@ -117,13 +117,19 @@ def test_reason_class(reason, label):
     assert metrics.reason_class(reason) == label
 
 
-def test_a_malformed_report_timeout_is_logged_and_the_default_used():
-    # Read when rayfabric.api is imported (in every worker): a typo must not stop the import.
+def test_a_malformed_report_timeout_is_refused_with_what_it_allows():
+    # Read when rayfabric.api is imported: refused there, naming the variable, as every setting of
+    # python/rayfabric/settings.py is (under transparent mode the start-up hook says so, and the
+    # process keeps Ray's path).
     import subprocess
-    for bad in ("abc", "-1", "0"):
+    for bad in ("abc", "-1"):
         out = subprocess.run([sys.executable, "-c", "import rayfabric.api as a; print(a._FallbackReporter.TIMEOUT_S)"],
                              env=dict(os.environ, PYTHONPATH=str(ROOT / "python"),
                                       RAYFABRIC_FALLBACK_REPORT_TIMEOUT_S=bad),
                              capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0 and out.stdout.strip() == "2.0", out
-        assert "RAYFABRIC_FALLBACK_REPORT_TIMEOUT_S" in out.stderr and "not a positive number" in out.stderr
+        assert out.returncode != 0, out
+        assert f"RAYFABRIC_FALLBACK_REPORT_TIMEOUT_S={bad!r}: use seconds, >= 0 (default '2')" in out.stderr, out
+    out = subprocess.run([sys.executable, "-c", "import rayfabric.api as a; print(a._FallbackReporter.TIMEOUT_S)"],
+                         env=dict(os.environ, PYTHONPATH=str(ROOT / "python"), RAYFABRIC_FALLBACK_REPORT_TIMEOUT_S="0.5"),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "0.5", out

@@ -1,12 +1,15 @@
 // rayfabric-fabric-info: the provider the fabric engine would choose on this node, and why.
 //
 //   rayfabric-fabric-info [--json] [--provider NAME] [--domain NAME] [--require-rdma] [--ip ADDR]
+//   rayfabric-fabric-info --settings [--json]
 //
 // Runs the engine's own selection (rayfabric::fabric::SelectProvider on the RAYFABRIC_*
 // configuration, flags override it) without opening anything, and prints ProviderReport::ToString
 // (text) or ProviderReport::ToJson (--json, one line). --ip: the node's IP, as an agent listening
 // on it gets (its domains are preferred). Exit 0 when a provider was chosen, 1 with
-// the selection's error on stderr when none was, 2 on bad usage. `rayfabric doctor` runs it.
+// the selection's error on stderr when none was, 2 on bad usage. --settings: every setting of the
+// configuration table instead (doc, type, what it allows, default, value and where it came from;
+// exit 1 when one is invalid, saying which). `rayfabric doctor` runs both.
 #include <iostream>
 #include <string>
 
@@ -20,6 +23,7 @@ int Usage(const char* why) {
   std::cerr
       << "usage: rayfabric-fabric-info [--json] [--provider NAME] [--domain NAME] "
          "[--require-rdma] [--ip ADDR]\n"
+         "       rayfabric-fabric-info --settings [--json]\n"
          "  Prints the libfabric provider/domain rayfabric's engine would choose here (from the\n"
          "  RAYFABRIC_* settings; flags override them) and why. Exit 0: chosen; 1: none; 2: "
          "usage.\n";
@@ -32,6 +36,7 @@ int main(int argc, char** argv) {
   using rayfabric::Config;
   Config config = Config::FromEnvironment();
   bool json = false;
+  bool settings = false;
   rayfabric::fabric::EngineOptions options;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -39,6 +44,8 @@ int main(int argc, char** argv) {
     rayfabric::Status s;
     if (a == "--json") {
       json = true;
+    } else if (a == "--settings") {
+      settings = true;
     } else if (a == "--provider" || a == "--domain") {
       const char* v = value();
       if (!v) return Usage((a + " needs a value").c_str());
@@ -59,6 +66,12 @@ int main(int argc, char** argv) {
       std::cerr << "rayfabric-fabric-info: " << s << "\n";
       return 2;
     }
+  }
+  if (settings) {
+    std::cout << (json ? config.ListingJson() + "\n" : config.Listing());
+    const rayfabric::Status valid = config.Validate();
+    if (!valid.ok()) std::cerr << "rayfabric-fabric-info: " << valid << "\n";
+    return valid.ok() ? 0 : 1;
   }
   auto report = rayfabric::fabric::SelectProvider(config, options);
   if (!report.ok()) {
