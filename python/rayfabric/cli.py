@@ -10,6 +10,7 @@
 
 start is idempotent: run it again after nodes join (agents that run are kept)."""
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -102,6 +103,10 @@ def main(argv=None):
         # they mean to: the installed package's start-up hook stays out of their jobs (drivers, and
         # the workers of the clusters they start or, through the driver's record, join).
         os.environ["RAYFABRIC_AUTOLOAD"] = "0"
+        if argv[0] != "doctor" and importlib.util.find_spec("numpy") is None:
+            print(f"rayfabric {argv[0]}: needs numpy, which the rayfabric library does not: "
+                  "pip install 'rayfabric[bench]' (or pip install numpy)", file=sys.stderr)
+            return 2
         if argv[0] == "bench-args":
             from rayfabric import bench_args
             return bench_args.main(rest)

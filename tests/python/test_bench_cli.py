@@ -233,3 +233,24 @@ def test_a_namespace_that_refuses_the_congestion_control_is_a_clear_error():
         assert bench_link.congestion_in(ns) == bench_link.tcp_sysctl("tcp_congestion_control")  # left as it was
     finally:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+# numpy blocked, as on a node where only the library was installed (`pip install rayfabric`).
+NO_NUMPY = "import sys; sys.modules['numpy'] = None; "
+
+
+def test_the_library_needs_no_numpy_and_the_programs_say_they_do():
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    lib = subprocess.run([sys.executable, "-c", NO_NUMPY + "import ray, rayfabric, rayfabric.transparent, "
+                          "rayfabric.args, rayfabric.waits, rayfabric.rdt, rayfabric.cli; print('imported')"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert lib.returncode == 0 and "imported" in lib.stdout, lib.stderr
+    for program in ("bench", "bench-args", "demo"):
+        out = subprocess.run([sys.executable, "-c", NO_NUMPY + "from rayfabric import cli; "
+                              f"sys.exit(cli.main([{program!r}, '--help']))"],
+                             capture_output=True, text=True, timeout=120, env=env)
+        assert out.returncode == 2, (program, out)
+        assert f"rayfabric {program}: needs numpy" in out.stderr and "rayfabric[bench]" in out.stderr, out.stderr
+    toml = (ROOT / "pyproject.toml").read_text()
+    deps = toml.split("dependencies = [", 1)[1].split("]", 1)[0]
+    assert "numpy" not in deps, deps
