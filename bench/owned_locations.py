@@ -18,7 +18,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 import rayfabric
-from rayfabric import api
+from rayfabric import _pulls
 from rayfabric.bench import parse_size, size_name
 
 
@@ -47,7 +47,7 @@ def main():
         unlocated = {k: 0 for k in variants}  # left to Ray's path: not (yet) in Ray's directory
         for i in range(a.gets):
             for name in (list(variants) if i % 2 == 0 else list(variants)[::-1]):
-                get, api.OWN_LOCATIONS = variants[name]
+                get, _pulls.OWN_LOCATIONS = variants[name]
                 ref = make.remote(i)
                 ray.wait([ref], fetch_local=False)
                 before = rayfabric.stats()["ray_path_not_in_plasma"]
@@ -60,7 +60,7 @@ def main():
                 if i >= 10:
                     times[name].append(seconds)
                 del value, ref
-        api.OWN_LOCATIONS = True
+        _pulls.OWN_LOCATIONS = True
         st = rayfabric.stats()
         med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         print(f"{size_name(size)} objects, {a.gets - 10} gets per variant, interleaved; median ms per get")

@@ -13,17 +13,12 @@ import ray
 from ray.experimental import internal_kv
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-import _rayfabric_autoload
-from rayfabric import bin_dir, settings
+from rayfabric import _pulls, settings
+from rayfabric._paths import bin_dir
+# The records (and their names) are rayfabric._records'; re-exported for the launcher's users.
+from rayfabric._records import (KV_JOB_PREFIX, KV_PREFIX, KV_UNAVAILABLE, NAMESPACE,  # noqa: F401
+                                alive_nodes, jobs, published, unavailable)
 from rayfabric.launch_env import agent_fabric_env
-
-# The start-up hook (_rayfabric_autoload, which imports nothing of rayfabric) reads these too.
-NAMESPACE = "rayfabric"
-KV_PREFIX = "agent:"
-KV_JOB_PREFIX = "job:"  # a driver's job: whether transparent mode is on in it (rayfabric status)
-# Nodes where no agent could start (e.g. no provider that reaches other hosts), with the reason:
-# gets that involve them go Ray's path at once and say why.
-KV_UNAVAILABLE = "unavailable:"
 
 
 def agent_binary():
@@ -89,8 +84,7 @@ class NodeAgent:
         self.metrics = metrics.AgentExporter(node_hex, self._status, interval) if interval > 0 else None
 
     def _status(self):
-        from rayfabric.api import _client
-        return _client(self.record["address"]).status(timeout=5)
+        return _pulls._client(self.record["address"]).status(timeout=5)
 
     def _launch(self, node_hex, provider, env):
         node = next((n for n in ray.nodes() if n["NodeID"] == node_hex and n["Alive"]), None)
@@ -140,22 +134,21 @@ class NodeAgent:
         claim=True returns once this node's agent has claimed them (created their replicas: Ray's
         pull does not wait for those, it moves the objects too)."""
         import concurrent.futures
-        from rayfabric import api
         refs = wrapped_refs[0]
         if claim is True:
             try:
                 # Answered within claim_wait_s (what is not claimed by then is left to race Ray's
                 # pull); the reads themselves have the usual timeout.
-                api.prefetch(refs, timeout=api.PULL_TIMEOUT_S, claim=True, answer_within_s=claim_wait_s)
+                _pulls.prefetch(refs, timeout=_pulls.PULL_TIMEOUT_S, claim=True, answer_within_s=claim_wait_s)
             except Exception as e:  # noqa: BLE001 - counted; Ray's own pull delivers
-                api._fallback(f"argument prefetch failed: {type(e).__name__}: {e}", len(refs))
+                _pulls._fallback(f"argument prefetch failed: {type(e).__name__}: {e}", len(refs))
             return len(refs)
 
         def pull():
             try:
-                api.prefetch(refs, timeout=api.PULL_TIMEOUT_S)
+                _pulls.prefetch(refs, timeout=_pulls.PULL_TIMEOUT_S)
             except Exception as e:  # noqa: BLE001 - counted; Ray's own pull delivers
-                api._fallback(f"argument prefetch failed: {type(e).__name__}: {e}", len(refs))
+                _pulls._fallback(f"argument prefetch failed: {type(e).__name__}: {e}", len(refs))
         if claim != "sealed":
             self._background_reads.submit(pull)
             return len(refs)
@@ -165,8 +158,7 @@ class NodeAgent:
 
     def prefetch_stats(self):
         """What this node's argument prefetches did (its rayfabric.stats())."""
-        from rayfabric import api
-        return api.stats()
+        return _pulls.stats()
 
     def kill_agent(self, sig=9):
         """Tests: kill the rayfabricd process (not this actor)."""
@@ -220,10 +212,6 @@ def actor_of(node_hex):
     return ray.get_actor(actor_name(node_hex), namespace=NAMESPACE)
 
 
-def alive_nodes():
-    return [n["NodeID"] for n in ray.nodes() if n["Alive"]]
-
-
 def env_for(node_hex, env=None, node_env=None):
     """The agent environment of one node: `env` (every node) updated by `node_env[node_hex]`
     (e.g. {"RAYFABRIC_DOMAIN": "mlx5_1"} for one node); None when both are empty."""
@@ -275,19 +263,6 @@ def start_all(provider=None, env=None, node_env=None):
     return records
 
 
-def unavailable():
-    """{node_hex: why} of alive nodes where no agent could start."""
-    alive = set(alive_nodes())
-    out = {}
-    for key in internal_kv._internal_kv_list(KV_UNAVAILABLE, namespace=NAMESPACE):
-        key = key.decode() if isinstance(key, bytes) else key
-        node = key[len(KV_UNAVAILABLE):]
-        value = internal_kv._internal_kv_get(key, namespace=NAMESPACE)
-        if node in alive and value:
-            out[node] = value.decode(errors="replace") if isinstance(value, bytes) else value
-    return out
-
-
 def stop_all():
     for key in internal_kv._internal_kv_list(KV_UNAVAILABLE, namespace=NAMESPACE):
         internal_kv._internal_kv_del(key.decode() if isinstance(key, bytes) else key, namespace=NAMESPACE)
@@ -304,44 +279,6 @@ def stop_all():
         ray.kill(actor)
         stopped += 1
     return stopped
-
-
-def _live_records(prefix, keys, alive, required=()):
-    """{name: record} of the KV's `keys` under `prefix` whose name is in `alive`; the others are
-    deleted (what they describe has gone). Passed over: a value that is not a record, or one whose
-    `required` fields are not strings (anyone who reaches the KV can write there)."""
-    out = {}
-    for key in keys:
-        key = key.decode() if isinstance(key, bytes) else key
-        if key[len(prefix):] not in alive:
-            internal_kv._internal_kv_del(key, namespace=NAMESPACE)
-            continue
-        record = _rayfabric_autoload.parse_record(internal_kv._internal_kv_get(key, namespace=NAMESPACE))
-        if record is not None and all(isinstance(record.get(f), str) for f in required):
-            out[key[len(prefix):]] = record
-    return out
-
-
-def published():
-    """{node_hex: record} of every agent that published its address, on nodes still alive (the
-    records of nodes that left are deleted: their agents went with them)."""
-    alive = set(alive_nodes())
-    return _live_records(KV_PREFIX, internal_kv._internal_kv_list(KV_PREFIX, namespace=NAMESPACE), alive,
-                         required=("address", "local_socket"))
-
-
-def jobs():
-    """[record] of the running jobs whose drivers said whether transparent mode is on in them
-    (_rayfabric_autoload.record_job), oldest first; the records of jobs that ended are deleted."""
-    # The records first, then the job table: a job that starts in between is not taken for ended.
-    keys = internal_kv._internal_kv_list(KV_JOB_PREFIX, namespace=NAMESPACE)
-    try:
-        alive = {j["JobID"] for j in ray._private.state.state.job_table() if not j.get("IsDead")}
-    except Exception:  # noqa: BLE001 - the job table unreadable: say nothing rather than guess
-        return []
-    # (Each listed under the job its key names, whatever its record says.)
-    records = [dict(r, job_id=job) for job, r in _live_records(KV_JOB_PREFIX, keys, alive).items()]
-    return sorted(records, key=lambda r: r["started"] if isinstance(r.get("started"), (int, float)) else 0)
 
 
 class NodeWatcher(threading.Thread):

@@ -6,7 +6,7 @@ import importlib.util
 import os
 import sys
 
-from rayfabric import bin_dir
+from rayfabric._paths import bin_dir
 
 _MODULE = "rayfabric._fabric"
 

@@ -32,7 +32,7 @@ import time
 
 import ray
 
-from rayfabric import _agents, api, settings
+from rayfabric import _agents, _pulls, settings
 
 log = logging.getLogger("rayfabric")
 
@@ -237,7 +237,7 @@ def _prefetch_to(node_hex, refs, known=None):
     """Asks `node_hex` to pull `refs` (waiting for the seal of those that exist, bounded).
     known: their locations, read already (all of them exist)."""
     if node_hex is None:
-        api._count("args_no_destination", len(refs))
+        _pulls._count("args_no_destination", len(refs))
         return
     # Arguments that exist: the call waits (at most CLAIM_WAIT_S) until the destination's agent
     # has read them into its store (RAYFABRIC_ARGS_WAIT_FOR, above), so that Ray's own pull, which
@@ -254,38 +254,38 @@ def _prefetch_to(node_hex, refs, known=None):
         # No wait for a location not known yet: such an argument (its size known) is asked for
         # anyway (the destination's agent finds where it is); not where the locations were read
         # for a prediction (an object in no store there is inlined, or one Ray does not count).
-        locations = known if known is not None else api._locations(core_worker, ready, wait=False)
+        locations = known if known is not None else _pulls._locations(core_worker, ready, wait=False)
         worth = [r for r in ready if node_hex not in (locations.get(r) or {}).get("node_ids", [node_hex])
-                 and (locations.get(r) or {}).get("object_size", 0) >= api.MIN_OBJECT_BYTES
+                 and (locations.get(r) or {}).get("object_size", 0) >= _pulls.MIN_OBJECT_BYTES
                  and (known is None or locations[r].get("node_ids"))]
-        if sum(locations[r]["object_size"] for r in worth) < api.MIN_PULL_BYTES:
+        if sum(locations[r]["object_size"] for r in worth) < _pulls.MIN_PULL_BYTES:
             worth = []
-        api._count("args_not_worth_a_pull", len(ready) - len(worth))
+        _pulls._count("args_not_worth_a_pull", len(ready) - len(worth))
         ready = worth
     if not (ready and CLAIM_WAIT_S > 0 and _may_block()):
         pending, ready = pending + ready, []  # (not waited for: they would race Ray's pull)
     if pending and PENDING != "race":
-        api._count("args_pending_left_to_ray", len(pending))
+        _pulls._count("args_pending_left_to_ray", len(pending))
         pending = []
     if not ready and not pending:
         return
     agent = _node_agent(node_hex)
     if agent is None:
-        api._count("args_no_agent", len(ready) + len(pending))
+        _pulls._count("args_no_agent", len(ready) + len(pending))
         return
     # (In a list, so that Ray hands the refs over as they are, not their values.)
     if ready:
         try:
             # Ray's own get (transparent mode's would try to pull the reply).
-            answered = api._ray_get(agent.prefetch.remote([ready], CLAIM_MODE, CLAIM_WAIT_S), timeout=CLAIM_WAIT_S + 1)
+            answered = _pulls._ray_get(agent.prefetch.remote([ready], CLAIM_MODE, CLAIM_WAIT_S), timeout=CLAIM_WAIT_S + 1)
             # (A wait for the seal answers 0 when its reads were not all done within the wait.)
-            api._count("args_claim_waited" if answered else "args_claim_timeouts", len(ready))
+            _pulls._count("args_claim_waited" if answered else "args_claim_timeouts", len(ready))
         except Exception as e:  # noqa: BLE001 - a slow or dead NodeAgent: the call goes on
-            api._count("args_claim_timeouts", len(ready))
+            _pulls._count("args_claim_timeouts", len(ready))
             log.debug("rayfabric: claim of %d arguments did not answer: %s", len(ready), e)
     if pending:
         agent.prefetch.remote([pending])
-    api._count("args_prefetch_asked", len(ready) + len(pending))
+    _pulls._count("args_prefetch_asked", len(ready) + len(pending))
 
 
 def _guarded(kind, find_destination, args, kwargs):
@@ -297,7 +297,7 @@ def _guarded(kind, find_destination, args, kwargs):
             node, known = find_destination()
             _prefetch_to(node, refs, known)
     except Exception as e:  # noqa: BLE001 - never break a call
-        api._fallback(f"argument prefetch for {kind} failed: {type(e).__name__}: {e}")
+        _pulls._fallback(f"argument prefetch for {kind} failed: {type(e).__name__}: {e}")
 
 
 def install():

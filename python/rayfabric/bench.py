@@ -48,7 +48,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import rayfabric
-from rayfabric import _agents, api, bin_dir, hugepages
+from rayfabric import _agents, _pulls, bin_dir, hugepages
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_PROVIDER = "tcp;ofi_rxm"
@@ -180,7 +180,7 @@ def _per_owner(get_object_locations):
     2026-12-03; this wraps the timed Ray call the same way for --locations-per-owner)."""
     def per_owner(refs, timeout_ms=-1):
         core = ray._private.worker.global_worker.core_worker
-        return api._locations(core, refs, lambda group: get_object_locations(group, timeout_ms))
+        return _pulls._locations(core, refs, lambda group: get_object_locations(group, timeout_ms))
     return per_owner
 
 
@@ -197,7 +197,6 @@ def _instrument():
     ask Ray for their locations, the Pull RPC to the local agent, the final local ray.get."""
     if _PHASES.get("installed"):
         return _PHASES
-    import rayfabric.api as api
     from rayfabric._client import AgentClient, PullSocketClient
 
     def timed(name, fn):
@@ -222,10 +221,10 @@ def _instrument():
     _PHASES["timed_locations_per_owner"] = timed("locations", _per_owner(ray.experimental.get_object_locations))
     ray.experimental.get_object_locations = _PHASES["timed_locations"]
     # An owner's own record (the "owned" case), with any wait for a location not known yet.
-    api._own_locations = timed("locations", api._own_locations)
+    _pulls._own_locations = timed("locations", _pulls._own_locations)
     AgentClient.pull = timed("pull_rpc", AgentClient.pull)
     PullSocketClient.pull = timed("pull_rpc", PullSocketClient.pull)
-    api._ray_get = timed("local_get", api._ray_get)
+    _pulls._ray_get = timed("local_get", _pulls._ray_get)
     _PHASES["installed"] = True
     return _PHASES
 
@@ -248,9 +247,8 @@ class Consumer:
 
     def refresh(self):
         """After agents were restarted (another provider): read their addresses again."""
-        import rayfabric.api as api
-        api._agents_cache["at"] = 0.0
-        return len(api._agent_records(refresh=True))
+        _pulls._agents_cache["at"] = 0.0
+        return len(_pulls._agent_records(refresh=True))
 
     def own(self, producers, kind, size, count, seed, verify, timeout=600):
         """Makes the objects of the "owned" case by this consumer's own calls to the producers (it owns
@@ -1130,9 +1128,9 @@ def main(argv=None):
                     f"embedded ray.cluster_utils.Cluster, {a.nodes} nodes on this host"
                     + (", plasma stores on 2 MiB huge pages" if a.huge_pages else ""),
                     # how the consumers locate what they own (RAYFABRIC_OWN_LOCATIONS; this process's view)
-                    "own_locations": api.OWN_LOCATIONS,
+                    "own_locations": _pulls.OWN_LOCATIONS,
                     # how they ask this node's agent for pulls (RAYFABRIC_PULL_SOCKET)
-                    "pull_socket": api.PULL_SOCKET},
+                    "pull_socket": _pulls.PULL_SOCKET},
            "ceilings": {}, "results": [], "rows": [], "notes": []}
     if not a.no_ceiling:
         for p in a.providers:

@@ -14,7 +14,7 @@ import os
 
 import ray
 
-from rayfabric import api, settings
+from rayfabric import _paths, _pulls, api, settings
 
 _original_get = None
 
@@ -25,13 +25,13 @@ def _get(object_refs, *, timeout=None, **ray_options):
     alone."""
     refs = object_refs
     if _original_get is None:  # disabled: a reference to _get kept from before is Ray's get
-        return api._ray_get(object_refs, timeout=timeout, **ray_options)
+        return _pulls._ray_get(object_refs, timeout=timeout, **ray_options)
     if not any(ray_options.values()) and (isinstance(refs, ray.ObjectRef) or (isinstance(refs, (list, tuple)) and refs and
                                                                 all(isinstance(r, ray.ObjectRef) for r in refs))):
         try:
             api.prefetch(refs, timeout=timeout)
         except Exception as e:  # noqa: BLE001 - never break ray.get
-            api._fallback(f"transparent prefetch failed: {type(e).__name__}: {e}")
+            _pulls._fallback(f"transparent prefetch failed: {type(e).__name__}: {e}")
     return _original_get(object_refs, timeout=timeout, **ray_options)
 
 
@@ -48,7 +48,7 @@ def enable(arguments=True, waits=True, record=None):
         from rayfabric import args
     try:
         if _original_get is None:
-            _original_get = api._ray_get
+            _original_get = _pulls._ray_get
             ray.get = _get
         if arguments:
             args.install()
@@ -69,7 +69,7 @@ def _record_driver(mode):
         if _rayfabric_autoload.connected_driver():
             _rayfabric_autoload.record_job(mode)
     except Exception as e:  # noqa: BLE001 - a missing record changes no transfer
-        api.log.debug("rayfabric: the job's record was not written: %s", e)
+        _pulls.log.debug("rayfabric: the job's record was not written: %s", e)
 
 
 def disable():
@@ -92,4 +92,4 @@ def runtime_env():
     path = os.environ.get("PYTHONPATH", "")
     return {"worker_process_setup_hook": "rayfabric.transparent.enable",
             "env_vars": {"PYTHONPATH": pkg_root + (os.pathsep + path if path else ""),
-                         "RAYFABRIC_BIN_DIR": __import__("rayfabric").bin_dir()}}
+                         "RAYFABRIC_BIN_DIR": _paths.bin_dir()}}

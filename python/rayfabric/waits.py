@@ -26,7 +26,7 @@ import time
 
 import ray
 
-from rayfabric import api
+from rayfabric import _pulls, api
 
 _POLL_FIRST_S = 0.0005  # a wait that must block sleeps in steps from this ...
 _POLL_MAX_S = 0.02      # ... doubling up to this, while the fabric's pulls run
@@ -34,7 +34,7 @@ _SETTLED_MAX = 100_000  # objects remembered as Ray's to fetch (oldest forgotten
 _PULL_THREADS = 4       # objects pulled at once for waits (each one Pull of the local agent)
 _AGENT_RECHECK_S = 5.0  # whether this node has an agent, read again (in the background) after this
 # A result ready here before its owner (this process) knows where it was stored: looked at again
-# (see api._own_locations) for up to this long before it is left to Ray.
+# (see _pulls._own_locations) for up to this long before it is left to Ray.
 _LOCATION_HOLD_S = 2.0
 # A pull still running after this (an agent that hangs, a huge object on a slow link) no longer
 # keeps its object from Ray's wait: Ray's pull then finds the agent's replica and waits for its
@@ -63,7 +63,7 @@ def install():
         return  # a Ray before 2.10: its waits stay Ray's
     with _lock:
         if _original_wait is None:
-            _original_wait = api._ray_wait
+            _original_wait = _pulls._ray_wait
             _jobs, _watch = queue.Queue(), queue.Queue()
             for i in range(_PULL_THREADS):
                 # Daemon threads: a process that exits does not wait for a queued pull.
@@ -103,7 +103,7 @@ def installed():
 
 
 def _wait(ray_waitables, *, num_returns=1, timeout=None, fetch_local=True):
-    original = _original_wait or api._ray_wait
+    original = _original_wait or _pulls._ray_wait
     if not (_original_wait is not None and fetch_local and _distinct_refs(ray_waitables)
             and 0 < num_returns <= len(ray_waitables) and (timeout is None or timeout >= 0)):
         return original(ray_waitables, num_returns=num_returns, timeout=timeout, fetch_local=fetch_local)
@@ -116,7 +116,7 @@ def _wait(ray_waitables, *, num_returns=1, timeout=None, fetch_local=True):
             return original(refs, num_returns=num_returns, timeout=timeout, fetch_local=True)
         return _fabric_wait(original, refs, num_returns, deadline)
     except Exception as e:  # noqa: BLE001 - never break ray.wait: the rest is Ray's
-        api._fallback(f"ray.wait by the fabric failed: {type(e).__name__}: {e}", len(refs))
+        _pulls._fallback(f"ray.wait by the fabric failed: {type(e).__name__}: {e}", len(refs))
         return original(refs, num_returns=num_returns, timeout=_left(deadline), fetch_local=True)
 
 
@@ -175,7 +175,7 @@ def _start_pulls(original, refs):
     for r in unseen:
         loc = known.get(r) or {}
         size = loc.get("object_size")
-        if here in (loc.get("node_ids") or []) or (size is not None and size < api.MIN_PULL_BYTES):
+        if here in (loc.get("node_ids") or []) or (size is not None and size < _pulls.MIN_PULL_BYTES):
             rays.append(r)
         else:
             rest.append(r)
@@ -239,7 +239,7 @@ def _watch_loop(watch, original):
                 refs = watch.get(timeout=0.1) if pending else watch.get()
                 if refs is None:
                     return
-                until = time.monotonic() + api.PULL_TIMEOUT_S
+                until = time.monotonic() + _pulls.PULL_TIMEOUT_S
                 pending.update((r.binary(), (r, until)) for r in refs)
                 if watch.empty():
                     break
@@ -262,7 +262,7 @@ def _watch_loop(watch, original):
                     with _lock:
                         _watched.discard(i)
         except Exception as e:  # noqa: BLE001 - what is not pulled is Ray's (its get fetches it)
-            api._fallback(f"ray.wait's watcher failed: {type(e).__name__}: {e}", len(pending))
+            _pulls._fallback(f"ray.wait's watcher failed: {type(e).__name__}: {e}", len(pending))
             with _lock:
                 _watched.difference_update(pending)
                 for i in pending:
@@ -277,10 +277,10 @@ def _pull_loop(jobs):
             return
         future, ref = job
         try:
-            api._count("waits_by_fabric")
+            _pulls._count("waits_by_fabric")
             api.prefetch([ref])
         except Exception as e:  # noqa: BLE001 - Ray's wait fetches what did not come
-            api._fallback(f"ray.wait's fabric pull failed: {type(e).__name__}: {e}")
+            _pulls._fallback(f"ray.wait's fabric pull failed: {type(e).__name__}: {e}")
         finally:
             _settle([ref])
             future.set_result(None)
@@ -323,7 +323,7 @@ def _agent_here():
 
 def _read_agent():
     try:
-        here = _node["id"] in api._agent_records()
+        here = _node["id"] in _pulls._agent_records()
     except Exception:  # noqa: BLE001 - the KV unreadable: Ray's path until it is read again
         here = False
     _agent.update(here=here, at=time.monotonic(), refreshing=False)

@@ -108,7 +108,7 @@ def fetch(refs, mode="get", timeout=120):
         deadline = time.monotonic() + 15
         while True:
             # Per owner, as rayfabric.get does: one Ray 2.60 call across owners can abort this worker.
-            locs = rf.api._locations(core, refs)
+            locs = rf._pulls._locations(core, refs)
             local_before_get = [here in locs[r]["node_ids"] for r in refs]
             if all(local_before_get) or time.monotonic() > deadline:
                 break
@@ -383,7 +383,7 @@ def get_own_and_borrowed(borrowed, nbytes, seed):
 
     own = on("n1", produce).remote("numpy", nbytes, seed)
     ray.wait([own], fetch_local=False, timeout=120)
-    if not rf.api.OWN_LOCATIONS:  # the get will not wait for a location not known yet: done here
+    if not rf._pulls.OWN_LOCATIONS:  # the get will not wait for a location not known yet: done here
         wait_for(lambda: ray.experimental.get_local_object_locations([own])[own]["node_ids"])
     before = rf.stats()
     ray.experimental.get_object_locations = watched
@@ -510,7 +510,7 @@ def get_counting_faces(refs):
     before = rf.stats()
     values = rf.get(refs, timeout=120)
     after = rf.stats()
-    return {"digests": [digest_of(v) for v in values], "setting": rf.api.PULL_SOCKET,
+    return {"digests": [digest_of(v) for v in values], "setting": rf._pulls.PULL_SOCKET,
             **{k: after[k] - before[k] for k in ("pull_calls_socket", "pull_calls_grpc", "objects_pulled",
                                                  "fallbacks")}}
 
@@ -540,7 +540,7 @@ def test_a_kept_pull_socket_connection_outlives_its_agent(cluster):
     (closed there), and then after its node's agent died and was started again (a new process,
     the same socket path): each next get connects afresh and is pulled, nothing falls back."""
     n0 = cluster["nodes"]["n0"]
-    kept = rayfabric.api._pull_socket_client(cluster["records"][n0]["pull_socket"])
+    kept = rayfabric._pulls._pull_socket_client(cluster["records"][n0]["pull_socket"])
     first = on("n1", produce).remote("numpy", 2 * MiB, 93)
     ray.wait([first], fetch_local=False, timeout=120)
     before = rayfabric.stats()
@@ -557,7 +557,7 @@ def test_a_kept_pull_socket_connection_outlives_its_agent(cluster):
     ray.get(_agents.actor_of(n0).restart.remote())
     cluster["records"] = _agents.published()
     assert cluster["records"][n0]["pid"] != old_pid
-    rayfabric.api._agents_cache["at"] = 0.0
+    rayfabric._pulls._agents_cache["at"] = 0.0
     second = on("n1", produce).remote("numpy", 2 * MiB, 94)
     ray.wait([second], fetch_local=False, timeout=120)
     assert digest_of(rayfabric.get(second, timeout=60)) == digest_of(make_value("numpy", 2 * MiB, 94))

@@ -178,19 +178,19 @@ def test_readers_spread_over_the_holders_that_share_the_best_provider():
     (reader, object) picks its holder by rendezvous hash: readers spread across replicas (not all on
     the first node Ray lists), one reader keeps its pick for an object, and a holder on a better
     provider still wins over spreading."""
-    from rayfabric import api
+    from rayfabric import _pulls
     local = {"fabrics": [{"provider": "verbs;ofi_rxm"}, {"provider": "tcp;ofi_rxm"}]}
     tcp = [{"provider": "tcp;ofi_rxm"}]
     holders = {f"{i:x}" * 56: {"address": f"h{i}:1", "fabrics": tcp} for i in range(1, 5)}
     nodes = list(holders)
     objects = [bytes([i]) * 28 for i in range(64)]
-    picks = [api._pick_source(local, nodes, holders, obj, "r" * 56)[0] for obj in objects]
+    picks = [_pulls._pick_source(local, nodes, holders, obj, "r" * 56)[0] for obj in objects]
     assert set(picks) == {f"h{i}:1" for i in range(1, 5)}, picks      # one reader, many objects
     assert all(n > 4 for n in map(picks.count, set(picks))), picks    # roughly even (16 each expected)
-    assert picks == [api._pick_source(local, nodes[::-1], holders, obj, "r" * 56)[0] for obj in objects]
-    readers = [api._pick_source(local, nodes, holders, objects[0], f"{r:056x}")[0] for r in range(64)]
+    assert picks == [_pulls._pick_source(local, nodes[::-1], holders, obj, "r" * 56)[0] for obj in objects]
+    readers = [_pulls._pick_source(local, nodes, holders, objects[0], f"{r:056x}")[0] for r in range(64)]
     assert len(set(readers)) == 4, readers                              # many readers, one object
     better = dict(holders, **{"f" * 56: {"address": "best:1", "fabrics": [{"provider": "verbs;ofi_rxm"}]}})
-    assert {api._pick_source(local, nodes + ["f" * 56], better, obj, "r" * 56)[0] for obj in objects} == {"best:1"}
-    counted = api.stats()["pulls_by_source"]
+    assert {_pulls._pick_source(local, nodes + ["f" * 56], better, obj, "r" * 56)[0] for obj in objects} == {"best:1"}
+    counted = _pulls.stats()["pulls_by_source"]
     assert sum(counted.get(n, 0) for n in nodes) >= 64 + 64 and counted.get("f" * 56, 0) >= 64

@@ -149,7 +149,7 @@ def test_a_protocol_v2_caller_is_told_what_it_met(cluster):
     as V2 creates nothing."""
     ref = object_on("n1", 2 * MiB, 12)
     size = ray.experimental.get_object_locations([ref])[ref]["object_size"]
-    owner = rayfabric.api._owner(ray._private.worker.global_worker.core_worker, ref)
+    owner = rayfabric._pulls._owner(ray._private.worker.global_worker.core_worker, ref)
     item = pb.PullItem(object_id=ref.binary(), owner=owner, source_agent=record(cluster, "n1")["address"],
                        object_size=size)
     calls = {
@@ -239,7 +239,7 @@ def test_remote_pull_is_refused(cluster):
     """Pull creates and seals objects: only this node's processes may ask (its Unix socket)."""
     ref = object_on("n1", 2 * MiB, 2)
     size = ray.experimental.get_object_locations([ref])[ref]["object_size"]
-    owner = rayfabric.api._owner(ray._private.worker.global_worker.core_worker, ref)
+    owner = rayfabric._pulls._owner(ray._private.worker.global_worker.core_worker, ref)
     item = pb.PullItem(object_id=ref.binary(), owner=owner, source_agent=record(cluster, "n1")["address"],
                        object_size=size)
     remote = client(cluster, "n0")
@@ -269,7 +269,7 @@ def pull_socket_item(cluster, seed):
     """A PullItem of a 2 MiB object on n1, for n0's agent; (ref, item)."""
     ref = object_on("n1", 2 * MiB, seed)
     size = ray.experimental.get_object_locations([ref])[ref]["object_size"]
-    owner = rayfabric.api._owner(ray._private.worker.global_worker.core_worker, ref)
+    owner = rayfabric._pulls._owner(ray._private.worker.global_worker.core_worker, ref)
     return ref, pb.PullItem(object_id=ref.binary(), owner=owner, source_agent=record(cluster, "n1")["address"],
                             object_size=size)
 
@@ -377,7 +377,7 @@ def test_the_pull_socket_bounds_its_connections(cluster):
         with pytest.raises(PullSocketUnavailable):
             PullSocketClient(path).pull([item], 30)
         before = rayfabric.stats()
-        reply = rayfabric.api._ask_local_agent(record(cluster, "n0"), [item], 30)
+        reply = rayfabric._pulls._ask_local_agent(record(cluster, "n0"), [item], 30)
         assert reply.results[0].outcome == pb.PULLED, reply
         after = rayfabric.stats()
         assert after["pull_calls_grpc"] - before["pull_calls_grpc"] == 1, after
@@ -430,7 +430,7 @@ print("received", got, flush=True)
         # rayfabric.get's own call: raises (the get is then left to Ray's path), no gRPC beside it.
         before = rayfabric.stats()
         with pytest.raises(PullSocketImpostor):
-            rayfabric.api._ask_local_agent({"pull_socket": path, "local_socket": grpc_path}, [item], 30)
+            rayfabric._pulls._ask_local_agent({"pull_socket": path, "local_socket": grpc_path}, [item], 30)
         after = rayfabric.stats()
         assert after["pull_calls_grpc"] == before["pull_calls_grpc"], after
         out, _ = listener.communicate(timeout=60)
@@ -493,7 +493,7 @@ def is_local(refs):
     here = ray.get_runtime_context().get_node_id()
     core = ray._private.worker.global_worker.core_worker
     import rayfabric as rf
-    locs = rf.api._locations(core, refs)
+    locs = rf._pulls._locations(core, refs)
     return [here in locs[r]["node_ids"] for r in refs]
 
 
@@ -649,7 +649,7 @@ def test_a_lease_whose_sizes_differ_from_rays_directory_is_refused(cluster):
     local = client(cluster, "n0", local=True)
     try:
         before = local.counters()
-        owner = rayfabric.api._owner(ray._private.worker.global_worker.core_worker, ref)
+        owner = rayfabric._pulls._owner(ray._private.worker.global_worker.core_worker, ref)
         result = local.pull([pb.PullItem(object_id=ref.binary(), owner=owner, source_agent=liar.address,
                                          object_size=size)], 30).results[0]
         after = local.counters()

@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "python"))
 
-from rayfabric import api, metrics  # noqa: E402
+from rayfabric import _pulls, api, metrics  # noqa: E402
 
 
 def wait_for(condition, timeout):
@@ -59,8 +59,8 @@ def failed():
 
 
 def test_a_hung_agent_delays_no_fallback(silent_agent, monkeypatch):
-    monkeypatch.setattr(api._FallbackReporter, "TIMEOUT_S", 1.0)
-    reporter = api._FallbackReporter(address_fn=lambda: silent_agent)
+    monkeypatch.setattr(_pulls._FallbackReporter, "TIMEOUT_S", 1.0)
+    reporter = _pulls._FallbackReporter(address_fn=lambda: silent_agent)
     before = failed()
     t0 = time.monotonic()
     for i in range(1000):
@@ -72,7 +72,7 @@ def test_a_hung_agent_delays_no_fallback(silent_agent, monkeypatch):
 
 
 def test_no_agent_here_is_counted_not_raised(monkeypatch):
-    reporter = api._FallbackReporter(address_fn=lambda: None)
+    reporter = _pulls._FallbackReporter(address_fn=lambda: None)
     before = failed()
     reporter.add("no rayfabric agent on this node (*)", 2)
     assert wait_for(reporter.idle, 10) and failed() == before + 1
@@ -85,7 +85,7 @@ def test_no_agent_here_is_counted_not_raised(monkeypatch):
 
 def test_flush_at_exit_does_not_ask_ray(monkeypatch):
     asked = []
-    reporter = api._FallbackReporter(address_fn=lambda: asked.append(1))
+    reporter = _pulls._FallbackReporter(address_fn=lambda: asked.append(1))
     with reporter._cv:  # pending, no thread yet: as at exit before the thread ran
         reporter._pending["pull failed: Aborted"] = 1
     before = failed()
@@ -94,14 +94,14 @@ def test_flush_at_exit_does_not_ask_ray(monkeypatch):
 
 
 def test_pending_reasons_are_bounded():
-    reporter = api._FallbackReporter(address_fn=lambda: None)
+    reporter = _pulls._FallbackReporter(address_fn=lambda: None)
     with reporter._cv:  # hold the reporter's thread off while filling
         reporter._thread = threading.current_thread()  # looks alive: add starts no thread
-        for i in range(api._FallbackReporter.MAX_PENDING * 2):
+        for i in range(_pulls._FallbackReporter.MAX_PENDING * 2):
             reporter.add(f"reason {i}", 1)
         pending = dict(reporter._pending)
-    assert len(pending) == api._FallbackReporter.MAX_PENDING + 1
-    assert pending[api._FallbackReporter.OTHER] == api._FallbackReporter.MAX_PENDING
+    assert len(pending) == _pulls._FallbackReporter.MAX_PENDING + 1
+    assert pending[_pulls._FallbackReporter.OTHER] == _pulls._FallbackReporter.MAX_PENDING
 
 
 @pytest.mark.parametrize("reason, label", [
@@ -123,13 +123,13 @@ def test_a_malformed_report_timeout_is_refused_with_what_it_allows():
     # process keeps Ray's path).
     import subprocess
     for bad in ("abc", "-1"):
-        out = subprocess.run([sys.executable, "-c", "import rayfabric.api as a; print(a._FallbackReporter.TIMEOUT_S)"],
+        out = subprocess.run([sys.executable, "-c", "import rayfabric.api, rayfabric._pulls as a; print(a._FallbackReporter.TIMEOUT_S)"],
                              env=dict(os.environ, PYTHONPATH=str(ROOT / "python"),
                                       RAYFABRIC_FALLBACK_REPORT_TIMEOUT_S=bad),
                              capture_output=True, text=True, timeout=120)
         assert out.returncode != 0, out
         assert f"RAYFABRIC_FALLBACK_REPORT_TIMEOUT_S={bad!r}: use seconds, >= 0 (default '2')" in out.stderr, out
-    out = subprocess.run([sys.executable, "-c", "import rayfabric.api as a; print(a._FallbackReporter.TIMEOUT_S)"],
+    out = subprocess.run([sys.executable, "-c", "import rayfabric.api, rayfabric._pulls as a; print(a._FallbackReporter.TIMEOUT_S)"],
                          env=dict(os.environ, PYTHONPATH=str(ROOT / "python"), RAYFABRIC_FALLBACK_REPORT_TIMEOUT_S="0.5"),
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "0.5", out

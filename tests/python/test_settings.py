@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def import_api(**env):
-    code = "import rayfabric.api as api; print('OWN_LOCATIONS', api.OWN_LOCATIONS, 'PULL_SOCKET', api.PULL_SOCKET)"
+    code = ("import rayfabric.api, rayfabric._pulls as p; "
+            "print('OWN_LOCATIONS', p.OWN_LOCATIONS, 'PULL_SOCKET', p.PULL_SOCKET)")
     full = {**os.environ, "PYTHONPATH": str(ROOT / "python"), **env}
     for k, v in env.items():
         if v is None:
@@ -51,9 +52,9 @@ def test_switch_bad_value_is_refused_with_the_reason(variable, name, bad, why):
 def enable_transparent(value):
     """transparent.enable() in a fresh process (no Ray cluster needed to install the hooks) with
     RAYFABRIC_WAITS=value (None: unset); prints whether ray.wait is rayfabric's."""
-    code = ("import ray; from rayfabric import api, transparent, waits; transparent.enable(arguments=False); "
-            "print('WAITS', waits.installed(), ray.wait is not api._ray_wait); transparent.disable(); "
-            "print('RESTORED', ray.wait is api._ray_wait)")
+    code = ("import ray; from rayfabric import _pulls, transparent, waits; transparent.enable(arguments=False); "
+            "print('WAITS', waits.installed(), ray.wait is not _pulls._ray_wait); transparent.disable(); "
+            "print('RESTORED', ray.wait is _pulls._ray_wait)")
     full = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
     full.pop("RAYFABRIC_WAITS", None)
     if value is not None:
