@@ -147,7 +147,7 @@ def names(codes):
 def pull_item(ref, source_agent, object_size=None):
     """A PullItem for a ref held in this (driver) process, as rayfabric.get builds it (the size
     from Ray's own directory)."""
-    from rayfabric.api import _owner
+    from rayfabric._pulls import _owner
     owner = _owner(ray._private.worker.global_worker.core_worker, ref)
     if object_size is None:
         object_size = ray.experimental.get_object_locations([ref])[ref]["object_size"]

@@ -157,7 +157,7 @@ def test_a_source_refuses_a_reader_with_no_provider_in_common(cluster):
 
 def test_the_python_side_picks_a_holder_it_shares_the_best_provider_with():
     """rayfabric.get's source choice, on agent records as the KV holds them."""
-    from rayfabric.api import _pick_source
+    from rayfabric._pulls import _pick_source
     local = {"fabrics": [{"provider": "verbs;ofi_rxm"}, {"provider": "tcp;ofi_rxm"}]}
     agents = {"a" * 56: {"address": "h1:1", "fabrics": [{"provider": "tcp;ofi_rxm"}]},
               "b" * 56: {"address": "h2:1", "fabrics": [{"provider": "verbs;ofi_rxm"}, {"provider": "tcp;ofi_rxm"}]},
