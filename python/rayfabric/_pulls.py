@@ -301,7 +301,7 @@ def _locations(core_worker, refs, get_locations=None, wait=True):
     ray.experimental.get_object_locations, one call per owner and at most 5,000 refs a call.
     Ray 2.60's GetLocationFromOwner can abort the calling worker ("std::future_error: Promise
     already satisfied") when one call spans several owners or 10,000-object batches: its count of
-    outstanding replies reaches zero before the last request is sent (docs/benchmarks.md).
+    outstanding replies reaches zero before the last request is sent (docs/benchmarks-history.md).
     get_locations: replaces the owner RPC (the bench times it), and is then used for every ref.
     wait: an owned object whose location is not known yet may be waited for (_own_locations)."""
     groups = {}

@@ -50,7 +50,7 @@ CLAIM_MODE = WAIT_FOR[settings.get("args_wait_for")]
 # An argument still being computed at submission (or one a call could not wait for, from an event
 # loop): "ray" (the default) leaves it to Ray's own pull, which starts the moment it exists and
 # moves all of it whatever the agent does (a race the agent cannot win by being sealed first: the
-# bytes crossed twice, docs/benchmarks.md); "race": the destination's agent pulls it too, as soon
+# bytes crossed twice, docs/benchmarks-history.md); "race": the destination's agent pulls it too, as soon
 # as it exists (the call is not delayed).
 PENDING_MODES = ("ray", "race")
 PENDING = settings.get("args_pending")

@@ -959,7 +959,7 @@ def tcp_sysctl(name):
 
 def tcp_congestion():
     """The kernel's TCP congestion control for new connections (this network namespace): Ray's
-    gRPC and the tcp provider both follow it, and on this VM it moves both (docs/benchmarks.md,
+    gRPC and the tcp provider both follow it, and on this VM it moves both (docs/benchmarks-history.md,
     "TCP congestion control")."""
     return tcp_sysctl("tcp_congestion_control")
 

@@ -17,7 +17,7 @@ Ray and against the raw read, CPU seconds per GB moved (user+sys of every proces
 namespaces: raylets, workers, agents, the driver), and where rayfabric.get's time went (its
 phases, as `rayfabric bench` prints them) beside one raw read of the size. Both paths ride TCP:
 the namespaces' TCP congestion control (printed; --congestion sets it before Ray starts, else a
-new namespace's default, the initial namespace's) paces them (docs/benchmarks.md, "TCP congestion
+new namespace's default, the initial namespace's) paces them (docs/benchmarks-history.md, "TCP congestion
 control"). The link rate is what tc lets through, Ethernet headers included, so a full link
 carries about 96% of it as payload (MTU 1500).
 Needs root and `ip netns` (exit 77 otherwise). No delay is added (this kernel has no sch_netem);
@@ -117,7 +117,7 @@ def raw_over_link(provider, sizes, iters):
 
 def congestion_in(ns):
     """The namespace's TCP congestion control (a new namespace starts with the initial namespace's):
-    it paces Ray's connections and the tcp provider's alike (docs/benchmarks.md, "TCP congestion
+    it paces Ray's connections and the tcp provider's alike (docs/benchmarks-history.md, "TCP congestion
     control"). None when it cannot be read."""
     try:
         p = netns.in_ns(ns, "cat", "/proc/sys/net/ipv4/tcp_congestion_control", check=False, timeout=30)

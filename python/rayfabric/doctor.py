@@ -770,7 +770,7 @@ TCP_CARRIED = ("tcp", "net", "xnet", "sockets")  # core providers on kernel TCP 
 def check_tcp_congestion(congestion: str | None, default_qdisc: str | None, provider: str | None) -> list[Finding]:
     """BBR paces every TCP connection's sends, inside TCP itself where the interface has no fq
     qdisc (loopback never has one). Measured on the development VM over loopback, tcp;ofi_rxm
-    (docs/benchmarks.md, "TCP congestion control"): 1 MiB reads held back after idle, large reads
+    (docs/benchmarks-history.md, "TCP congestion control"): 1 MiB reads held back after idle, large reads
     a third slower than with cubic. Only the host's default is read: a route's own `congctl` is
     not (the message says so).
 

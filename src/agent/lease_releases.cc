@@ -41,6 +41,8 @@ std::vector<Agent::ReleaseToStart> Agent::TakeQueuedLocked(const std::string* so
       auto call = std::make_unique<PendingRelease>();
       call->source = it->source;
       call->request = std::move(it->request);
+      // Made here, under the lock: ~Agent may cancel any call in flight, started yet or not.
+      call->call = peers_->NewCall();
       const uint64_t key = next_release_++;
       PendingRelease* started = call.get();
       releases_in_flight_[key] = std::move(call);  // owned by the table from here
@@ -133,7 +135,6 @@ void Agent::ReleaseLoop() {
 void Agent::StartReleases(const std::vector<ReleaseToStart>& calls) {
   for (const auto& [key, pending] : calls) {
     try {
-      pending->call = peers_->NewCall();
       // Not under release_mu_: the call may run its `done` (which takes it) inline.
       peers_->StartRelease(*pending->call, pending->source, pending->request, pending->reply,
                            Clock::now() + kPeerRpcTimeout,

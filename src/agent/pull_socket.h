@@ -1,6 +1,7 @@
 // The agent's pull socket: Pull for this node's processes over a plain Unix socket, beside the
 // gRPC one. Why: on the development VM a gRPC call over a Unix socket costs ~0.5 ms, a plain
-// socket round trip ~0.04 ms, and a 1 MiB get ~3 ms in all (docs/benchmarks.md, session 14).
+// socket round trip ~0.04 ms, and a 1 MiB get ~3 ms in all (docs/benchmarks-history.md,
+// session 14).
 //
 // Who may ask: the socket is 0600 and, once per connection, the peer's uid (SO_PEERCRED) must be
 // the agent's or root's; on every request, as the gRPC face checks them, the Ray cluster's token

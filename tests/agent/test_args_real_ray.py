@@ -135,7 +135,7 @@ def test_no_argument_byte_crosses_twice(cluster):
     """The default (RAYFABRIC_ARGS_WAIT_FOR=sealed): a call with ready arguments is submitted once
     they are in the destination's store, so Ray's own pull finds them there: the fabric moved every
     byte, Ray's object manager there none (with `claimed`, its pull raced the agent's read: 192-416
-    of 512 MiB crossed twice, docs/benchmarks.md)."""
+    of 512 MiB crossed twice, docs/benchmarks-history.md)."""
     n1 = cluster["nodes"]["n1"]
     sizes, seeds = (16 * MiB, 16 * MiB, 32 * MiB), (51, 52, 53)
     learner, refs = learner_and_arguments(n1, sizes, seeds)
