@@ -210,7 +210,7 @@ class Agent {
   };
   // One attempt, start to end; the attempts it leads to go onto `to_try`.
   void AttemptFromSource(const std::string& source, const SourceAttempt& attempt,
-                         const StorePtr& store, const PullBounds& bounds, PullPhaseTimes& phases,
+                         const PullBounds& bounds, PullPhaseTimes& phases,
                          std::vector<SourceAttempt>& to_try);
   SourceLease LeaseFromSource(const std::string& source, const SourceAttempt& attempt,
                               const PullBounds& bounds, PullPhaseTimes& phases);

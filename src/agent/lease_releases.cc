@@ -140,9 +140,9 @@ void Agent::StartReleases(const std::vector<ReleaseToStart>& calls) {
                            Clock::now() + kPeerRpcTimeout,
                            [this, key = key, pending = pending](const Status& released) {
                              if (!released.ok()) {
-                               RF_LOG(kWarn, "releasing " << pending->request.leases_size()
-                                                          << " leases failed (" << released
-                                                          << "): they expire by themselves");
+                               RF_LOG(kWarn, pending->request.leases_size()
+                                                 << " leases not released: " << released
+                                                 << "; they expire by themselves");
                              }
                              RetireRelease(key);
                            });

@@ -90,8 +90,7 @@ void DescribeSlices(const fabric::RegisteredRange& range, const uint8_t* data, u
 
 void Agent::GrantLease(Fabric& fab, size_t rails, v1::Lease& lease, const ObjectId& id,
                        const plasma::ObjectBuffer& obj, std::chrono::milliseconds ttl,
-                       const std::string& requester, LocalStore& store,
-                       uint64_t generation) {
+                       const std::string& requester, LocalStore& store, uint64_t generation) {
   // `obj` is pinned by our Get: every refusal below unpins it.
   const uint64_t bytes = obj.data_size + obj.metadata_size;
   // Described on as many rails as the reader will stripe it across (one for a small object).

@@ -35,6 +35,8 @@ Status FromGrpc(const grpc::Status& s, const std::string& what) {
                              ": it does not serve rayfabric.v1.Peer (protocol V3), so it "
                              "runs an older rayfabric (" +
                              s.error_message() + "); run the same rayfabric version on every node");
+    case grpc::StatusCode::CANCELLED:  // cut short here: the caller went away, or shutdown
+      return Aborted(what + ": cancelled (" + s.error_message() + ")");
     case grpc::StatusCode::INVALID_ARGUMENT:
       return InvalidArgument(what + ": " + s.error_message());
     case grpc::StatusCode::UNAUTHENTICATED:

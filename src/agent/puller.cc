@@ -488,9 +488,6 @@ void Agent::MarkUnusable(const std::string& source, const std::string& provider,
 
 void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
                            const PullBounds& bounds) {
-  // This connection creates, seals or aborts every replica of this source's objects, and stays
-  // open while any of their reads may land (see StorePtr).
-  const StorePtr store = PullStore();
   PullPhaseTimes scratch;  // a Pull without a caller that reads them
   PullPhaseTimes& phases = bounds.phases != nullptr ? *bounds.phases : scratch;
   // Depth first, as the attempts were made: a failover's own further attempts go before the
@@ -501,7 +498,7 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
     SourceAttempt attempt = std::move(to_try.back());
     to_try.pop_back();
     if (attempt.after_releases && !ReadyToAskAgainForRoom(source, attempt.jobs, bounds)) continue;
-    AttemptFromSource(source, attempt, store, bounds, phases, to_try);
+    AttemptFromSource(source, attempt, bounds, phases, to_try);
   }
 }
 
@@ -730,8 +727,12 @@ void Agent::RunWaves(const SourceReads& reads, const std::vector<PullJob*>& jobs
 }
 
 void Agent::AttemptFromSource(const std::string& source, const SourceAttempt& attempt,
-                              const StorePtr& store, const PullBounds& bounds,
-                              PullPhaseTimes& phases, std::vector<SourceAttempt>& to_try) {
+                              const PullBounds& bounds, PullPhaseTimes& phases,
+                              std::vector<SourceAttempt>& to_try) {
+  // This connection creates, seals or aborts every replica of this attempt's objects, and stays
+  // open while any of their reads may land (see StorePtr); each attempt takes the current one (a
+  // broken one is replaced by then).
+  const StorePtr store = PullStore();
   const std::vector<PullJob*>& jobs = attempt.jobs;
   // 1. Lease every object from the source agent in one request.
   const SourceLease leased = LeaseFromSource(source, attempt, bounds, phases);

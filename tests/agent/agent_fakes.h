@@ -58,6 +58,11 @@ class FakeStoreNode : public std::enable_shared_from_this<FakeStoreNode> {
     if (it == objects_.end() || !it->second.sealed) return "";
     return std::string(reinterpret_cast<const char*>(base_ + it->second.offset), it->second.size);
   }
+  // Replicas aborted by any connection (a failed read's).
+  int Aborts() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return aborts_;
+  }
   bool Exists(const ObjectId& id) {
     std::lock_guard<std::mutex> lock(mu_);
     return objects_.count(id) > 0;
@@ -108,6 +113,7 @@ class FakeStoreNode : public std::enable_shared_from_this<FakeStoreNode> {
   uint8_t* base_ = nullptr;
   std::mutex mu_;
   size_t used_ = 0;
+  int aborts_ = 0;
   std::map<ObjectId, Object> objects_;
 };
 
@@ -199,7 +205,7 @@ class FakeStoreConnection final : public LocalStore {
     }
     UnpinLocked(id, it->second);
     node_->objects_.erase(it);
-    ++aborted_;
+    ++node_->aborts_;
     return Status::OK();
   }
   Status Release(const ObjectId& id) override {
@@ -221,8 +227,6 @@ class FakeStoreConnection final : public LocalStore {
   std::vector<plasma::SegmentInfo> Segments() const override { return {node_->Segment()}; }
   void SetSegmentCallbacks(SegmentCallback, SegmentCallback) override {}  // never unmaps
 
-  int aborted() const { return aborted_; }
-
  private:
   void PinLocked(const ObjectId& id, FakeStoreNode::Object& o) {
     ++o.pins;
@@ -235,7 +239,6 @@ class FakeStoreConnection final : public LocalStore {
 
   std::shared_ptr<FakeStoreNode> node_;
   std::map<ObjectId, int> pins_;
-  int aborted_ = 0;
 };
 
 inline StoreConnector FakeStoreNode::Connector() {
