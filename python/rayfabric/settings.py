@@ -120,15 +120,3 @@ def get(name, env=None):
     return parse(setting, setting.default if raw is None or (raw == "" and setting.type != "text")
                  else raw)
 
-
-def listing(env=None):
-    """Every setting of this table as `ucx_info -c` lists its own: doc, what it allows and the
-    default as comments, then ENV=value."""
-    source = os.environ if env is None else env
-    out = []
-    for s in TABLE:
-        set_here = s.env in source
-        out.append(f"# {s.doc}\n# {allows(s)}"
-                   + ("; set in the environment" if set_here else "")
-                   + f"\n{s.env}={source.get(s.env, s.default)}\n")
-    return "\n".join(out)

@@ -22,8 +22,6 @@ std::chrono::system_clock::time_point ToSystem(std::chrono::steady_clock::time_p
 // A failed call to another agent, said as what it means here.
 Status FromGrpc(const grpc::Status& s, const std::string& what) {
   switch (s.error_code()) {
-    case grpc::StatusCode::OK:
-      return Status::OK();
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       return Unavailable(what + ": " + s.error_message() +
@@ -83,28 +81,36 @@ Status AwaitPeerCall(PeerCall& call, const std::function<bool()>& cancelled,
 
 std::unique_ptr<PeerCall> GrpcPeerCalls::NewCall() { return std::make_unique<GrpcCall>(); }
 
-void GrpcPeerCalls::StartLease(PeerCall& call, const std::string& address,
-                               const v1::LeaseRequest& request, v1::LeaseReply& reply,
-                               std::chrono::steady_clock::time_point deadline, Done done) {
+grpc::ClientContext& GrpcPeerCalls::Prepare(PeerCall& call,
+                                            std::chrono::steady_clock::time_point deadline) const {
   grpc::ClientContext& context = static_cast<GrpcCall&>(call).context;
   credentials_.Authorize(context);
   context.set_deadline(ToSystem(deadline));
+  return context;
+}
+
+std::function<void(grpc::Status)> GrpcPeerCalls::Said(const char* doing, const std::string& address,
+                                                      Done done) {
+  // The words of a failure are made only for one (not on every answered call).
+  return [doing, address, done = std::move(done)](const grpc::Status& s) {
+    done(s.ok() ? Status::OK() : FromGrpc(s, doing + address));
+  };
+}
+
+void GrpcPeerCalls::StartLease(PeerCall& call, const std::string& address,
+                               const v1::LeaseRequest& request, v1::LeaseReply& reply,
+                               std::chrono::steady_clock::time_point deadline, Done done) {
   StubFor(address)->async()->LeaseObjects(
-      &context, &request, &reply, [address, done = std::move(done)](grpc::Status s) {
-        done(FromGrpc(s, "leasing from the agent at " + address));
-      });
+      &Prepare(call, deadline), &request, &reply,
+      Said("leasing from the agent at ", address, std::move(done)));
 }
 
 void GrpcPeerCalls::StartRelease(PeerCall& call, const std::string& address,
                                  const v1::ReleaseRequest& request, v1::ReleaseReply& reply,
                                  std::chrono::steady_clock::time_point deadline, Done done) {
-  grpc::ClientContext& context = static_cast<GrpcCall&>(call).context;
-  credentials_.Authorize(context);
-  context.set_deadline(ToSystem(deadline));
   StubFor(address)->async()->ReleaseLeases(
-      &context, &request, &reply, [address, done = std::move(done)](grpc::Status s) {
-        done(FromGrpc(s, "releasing leases at the agent at " + address));
-      });
+      &Prepare(call, deadline), &request, &reply,
+      Said("releasing leases at the agent at ", address, std::move(done)));
 }
 
 std::shared_ptr<v1::Peer::Stub> GrpcPeerCalls::StubFor(const std::string& address) {

@@ -67,6 +67,12 @@ class GrpcPeerCalls final : public PeerCalls {
 
  private:
   std::shared_ptr<::rayfabric::v1::Peer::Stub> StubFor(const std::string& address);
+  // The call's context, with the cluster's credentials and `deadline`.
+  grpc::ClientContext& Prepare(PeerCall& call,
+                               std::chrono::steady_clock::time_point deadline) const;
+  // gRPC's completion for `done`: the status said as `doing` + `address` when it failed.
+  static std::function<void(grpc::Status)> Said(const char* doing, const std::string& address,
+                                                Done done);
 
   Credentials credentials_;
   std::mutex mu_;
