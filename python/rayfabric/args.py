@@ -7,6 +7,8 @@ rayfabric agent, then submits the call unchanged:
 
   * an actor method call: the actor's node (from the GCS actor table, cached per actor);
   * a task with NodeAffinitySchedulingStrategy: that node;
+  * an actor's creation with NodeAffinitySchedulingStrategy or PlacementGroupSchedulingStrategy:
+    that node (a default-scheduled actor's node is the GCS's choice: left to Ray);
   * a task with PlacementGroupSchedulingStrategy: the bundle's node (any bundle, if they all sit
     on one node);
   * a task with default scheduling whose arguments all exist: the node Ray's locality-aware lease
@@ -17,8 +19,8 @@ own node through the agent's local socket (Pull is never served to other hosts).
 arguments exist waits (at most RAYFABRIC_ARGS_CLAIM_WAIT_S) until they are read into the
 destination's store, so that Ray's own pull finds them there and moves nothing; past the wait, or
 if the agent failed, Ray's pull moves them itself: results and semantics stay Ray's in every
-case. An argument that does not exist yet is pulled as soon as it does, without delaying the call
-(Ray's pull, which starts the moment it exists, then races the agent's).
+case. An argument that does not exist yet is left to Ray's pull, which starts the moment it exists
+(RAYFABRIC_ARGS_PENDING=race: the agent pulls it too, without delaying the call).
 
 SPREAD tasks, and default ones whose arguments are still being computed, are left to Ray: no
 destination is known at submission (docs/agent.md, "Arguments").
@@ -301,15 +303,16 @@ def _guarded(kind, find_destination, args, kwargs):
 
 
 def install():
-    """Hooks actor method calls and task submission in this process (idempotent)."""
-    from ray.actor import ActorHandle
+    """Hooks actor method calls, actor creation and task submission in this process (idempotent)."""
+    from ray.actor import ActorClass, ActorHandle
     from ray.remote_function import RemoteFunction
     with _lock:
         if _installed:
             return True
         actor_call = ActorHandle._actor_method_call
+        actor_create = ActorClass._remote
         task_remote = RemoteFunction._remote
-        _installed.update(actor=actor_call, task=task_remote)
+        _installed.update(actor=actor_call, create=actor_create, task=task_remote)
 
     def _actor_method_call(self, method_name, args=None, kwargs=None, *rest, **options):
         if method_name != "__ray_terminate__":
@@ -322,18 +325,26 @@ def install():
         _guarded("a task", lambda: _task_destination(merged, args, kwargs), args, kwargs)
         return task_remote(self, args, kwargs, **task_options)
 
+    def _create(self, args=None, kwargs=None, **actor_options):
+        # (ActorClass.remote and .options().remote pass the merged options here.) Only a pinned
+        # actor's node is known at submission: the GCS places a default-scheduled one.
+        _guarded("an actor's creation", lambda: (_task_node(actor_options), None), args, kwargs)
+        return actor_create(self, args, kwargs, **actor_options)
+
     ActorHandle._actor_method_call = _actor_method_call
+    ActorClass._remote = _create
     RemoteFunction._remote = _remote
     return True
 
 
 def uninstall():
-    from ray.actor import ActorHandle
+    from ray.actor import ActorClass, ActorHandle
     from ray.remote_function import RemoteFunction
     with _lock:
         if not _installed:
             return
         ActorHandle._actor_method_call = _installed.pop("actor")
+        ActorClass._remote = _installed.pop("create")
         RemoteFunction._remote = _installed.pop("task")
 
 

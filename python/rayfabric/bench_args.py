@@ -12,6 +12,8 @@ Cases (an embedded 3-node ray.cluster_utils.Cluster unless --address; nodes get 
        (NodeAffinitySchedulingStrategy): a map over blocks whose destination is known.
   actor  the same blocks, each passed to one call of an actor on another node (ready arguments).
   pg   the same blocks, tasks in a placement group bundle on another node.
+  create  the same blocks, passed to the constructors of 4 actors created on another node
+       (NodeAffinitySchedulingStrategy), a quarter of the blocks each: actor-creation arguments.
   reduce  `--blocks`/2 default-scheduled tasks, each taking a block made on the mapper node and
        one made on the rollout node (a level of a tree reduce, its inputs ready): Ray's
        locality-aware lease policy asks the mapper node (the first to hold half the bytes; not the
@@ -53,6 +55,16 @@ class Learner:
 
     def ping(self):
         return True
+
+
+@ray.remote(num_cpus=0)
+class Holder:
+    """An actor made with blocks as its constructor's arguments."""
+    def __init__(self, *blocks):
+        self.digests = [digest(b) for b in blocks]
+
+    def held(self):
+        return self.digests
 
 
 @ray.remote(num_cpus=0)
@@ -175,6 +187,27 @@ def run_map(blocks, block_bytes, seed0, use_fabric, kind="map"):
     return seconds, ok, blocks * block_bytes
 
 
+def run_create(blocks, block_bytes, seed0, use_fabric, actors=4):
+    """`actors` actors created on the mapper node, the ready blocks their constructors' arguments."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    from rayfabric import args
+    refs = [block.options(resources={"rollout": 0.01}).remote(block_bytes, seed0 + i) for i in range(blocks)]
+    ray.wait(refs, num_returns=len(refs), fetch_local=False)
+    create = Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_of("mapper"), soft=False)).remote
+    share = -(-blocks // actors)
+    t0 = time.perf_counter()
+    if use_fabric:
+        holders = [create(*refs[i:i + share]) for i in range(0, blocks, share)]
+    else:
+        with args.paused():
+            holders = [create(*refs[i:i + share]) for i in range(0, blocks, share)]
+    results = [d for held in ray.get([h.held.remote() for h in holders]) for d in held]
+    seconds = time.perf_counter() - t0
+    for h in holders:
+        ray.kill(h)
+    return seconds, results == [expected(block_bytes, seed0 + i) for i in range(blocks)], blocks * block_bytes
+
+
 def run_reduce(pairs, block_bytes, seed0, use_fabric, cpus):
     """`pairs` default-scheduled tasks, each on a block from the mapper node and one from the
     rollout node (ready). Returns seconds, verified, bytes that had to cross (one block per task),
@@ -219,7 +252,7 @@ def main(argv=None):
     p.add_argument("--blocks", type=int, default=48)
     p.add_argument("--block-mib", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--cases", default="rl,map,actor,pg,reduce,reduce-busy")
+    p.add_argument("--cases", default="rl,map,actor,pg,create,reduce,reduce-busy")
     p.add_argument("--wait-for", default="sealed",
                    help="what a call with ready arguments waits for before it is submitted, a comma list run side "
                         "by side: sealed (the default: the arguments are in the destination's store, so Ray's pull "
@@ -253,7 +286,7 @@ def main(argv=None):
     try:
         cases = a.cases.split(",")
         dest = {"rl": node_of("learner"), "map": node_of("mapper"), "actor": node_of("mapper"),
-                "pg": node_of("mapper"), "reduce": node_of("mapper"), "reduce-busy": node_of("mapper")}
+                "pg": node_of("mapper"), "create": node_of("mapper"), "reduce": node_of("mapper"), "reduce-busy": node_of("mapper")}
         everyone = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
         for rnd in range(a.rounds):
             for case in cases:
@@ -273,6 +306,8 @@ def main(argv=None):
                         seconds, ok, nbytes, predicted = run_reduce(a.blocks // 2, a.block_mib * MiB, seed0, use,
                                                                     1 if case == "reduce-busy" else 0)
                         extra = {"ran_where_predicted": predicted, "tasks": a.blocks // 2}
+                    elif case == "create":
+                        seconds, ok, nbytes = run_create(a.blocks, a.block_mib * MiB, seed0, use)
                     else:
                         seconds, ok, nbytes = run_map(a.blocks, a.block_mib * MiB, seed0, use, case)
                     time.sleep(2.5)  # let the prefetches that lost report, and Ray's metric

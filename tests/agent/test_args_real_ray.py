@@ -368,6 +368,89 @@ def test_a_wrong_prediction_costs_a_copy_not_a_result(cluster):
         ray.kill(hog)
 
 
+@ray.remote(num_cpus=0)
+class Holder:
+    """Keeps what its constructor was given; reads refs nested in a list with ray.get itself."""
+    def __init__(self, *arrays):
+        self.digests = [digest(a) for a in arrays]
+
+    def created_with(self):
+        return self.digests, ray.get_runtime_context().get_node_id()
+
+    def read_nested(self, box):
+        return [digest(a) for a in ray.get(box["refs"])]
+
+
+@ray.remote(num_cpus=0)
+class AsyncLearner:
+    async def update(self, *arrays):
+        return [digest(a) for a in arrays]
+
+    async def ping(self):
+        return ray.get_runtime_context().get_node_id()
+
+
+def test_a_pinned_actors_creation_arguments(cluster):
+    """An actor created on n2 (node affinity) with two 16 MiB arguments made on n0: n2's agent reads
+    them before the creation goes, so the raylet that starts the actor finds them local and Ray's
+    object manager there moves none of them. A default-scheduled actor's node is the GCS's choice:
+    nothing asked, counted as no destination."""
+    n2 = cluster["nodes"]["n2"]
+    refs = [on("n0", produce).remote(16 * MiB, s) for s in (101, 102)]
+    ray.wait(refs, num_returns=2, fetch_local=False, timeout=120)
+    before, asked_before, received_before = outcomes(n2), asked(), ray_received(n2)
+    holder = Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n2, soft=False)).remote(*refs)
+    created, where = ray.get(holder.created_with.remote(), timeout=180)
+    assert created == [digest(make(16 * MiB, s)) for s in (101, 102)] and where == n2
+    assert asked() - asked_before == 2
+    after = wait_seen(n2, before, 2)
+    assert after["objects_pulled"] - before["objects_pulled"] == 2, (before, after)
+    moved_by_ray = ray_received(n2) - received_before
+    print(f"actor creation: Ray's object manager on n2 received {moved_by_ray / MiB:.1f} MiB of 32 MiB")
+    assert moved_by_ray < 1 * MiB, moved_by_ray
+    no_dest = rayfabric.stats()["args_no_destination"]
+    default = Holder.remote(refs[0])
+    assert ray.get(default.created_with.remote(), timeout=180)[0] == [digest(make(16 * MiB, 101))]
+    assert rayfabric.stats()["args_no_destination"] == no_dest + 1 and asked() - asked_before == 2
+    ray.kill(holder)
+    ray.kill(default)
+
+
+def test_refs_nested_in_an_argument_come_by_the_callees_get(cluster):
+    """Ray does not resolve an ObjectRef inside a container: the callee's own ray.get does, and in
+    transparent mode that get pulls by the fabric (n1's agent read both; Ray's object manager there
+    received none of their bytes)."""
+    n1 = cluster["nodes"]["n1"]
+    holder = Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n1, soft=False)).remote()
+    assert ray.get(holder.created_with.remote(), timeout=120)[1] == n1
+    refs = [on("n0", produce).remote(16 * MiB, s) for s in (111, 112)]
+    ray.wait(refs, num_returns=2, fetch_local=False, timeout=120)
+    agent_before, received_before = agent_counters(n1), ray_received(n1)
+    assert ray.get(holder.read_nested.remote({"refs": refs}), timeout=180) == \
+        [digest(make(16 * MiB, s)) for s in (111, 112)]
+    agent_after = agent_counters(n1)
+    assert agent_after["objects_pulled"] - agent_before["objects_pulled"] == 2, (agent_before, agent_after)
+    assert agent_after["bytes_pulled"] - agent_before["bytes_pulled"] >= 32 * MiB
+    assert ray_received(n1) - received_before < 1 * MiB
+    ray.kill(holder)
+
+
+def test_an_async_actors_calls_from_a_driver(cluster):
+    """The callee an async actor, the caller a plain driver (which may wait): its ready argument
+    is read at the actor's node before the call goes, as for any actor."""
+    n1 = cluster["nodes"]["n1"]
+    learner = AsyncLearner.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n1, soft=False)).remote()
+    assert ray.get(learner.ping.remote(), timeout=120) == n1
+    ref = on("n0", produce).remote(16 * MiB, 121)
+    ray.wait([ref], fetch_local=False, timeout=120)
+    before, received_before = outcomes(n1), ray_received(n1)
+    assert ray.get(learner.update.remote(ref), timeout=180) == [digest(make(16 * MiB, 121))]
+    after = wait_seen(n1, before, 1)
+    assert after["objects_pulled"] - before["objects_pulled"] == 1, (before, after)
+    assert ray_received(n1) - received_before < 1 * MiB
+    ray.kill(learner)
+
+
 def test_an_argument_whose_source_node_died(cluster):
     """Its only copy was on n3, which is gone: Ray reconstructs it (lineage), as without rayfabric;
     the destination's prefetch finds no holder and leaves it to Ray."""
