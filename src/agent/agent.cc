@@ -138,18 +138,9 @@ Agent::Agent(AgentOptions options, AgentSeams seams, StorePtr serve_store, Store
   }
   WatchSegments(*serve_store_);
   WatchSegments(*pull_store_);
-  releaser_ = std::thread([this] { ReleaseLoop(); });
-  try {
-    sweeper_ = std::thread([this] { SweepLoop(); });
-  } catch (...) {
-    {
-      std::lock_guard<std::mutex> lock(release_mu_);
-      stopping_releases_ = true;
-    }
-    release_queue_cv_.notify_all();
-    releaser_.join();
-    throw;
-  }
+  releases_ = std::make_unique<ReleaseQueue>(*peers_);
+  // (Should this throw, releases_ stops as the members go.)
+  sweeper_ = std::thread([this] { SweepLoop(); });
 }
 
 Agent::~Agent() {
@@ -159,36 +150,9 @@ Agent::~Agent() {
     stopping_pulls_ = true;
     background_cv_.wait(lock, [this] { return background_pulls_ == 0; });
   }
-  {
-    // No release is queued from now on; the releaser starts those queued already, and ends.
-    std::lock_guard<std::mutex> lock(release_mu_);
-    stopping_releases_ = true;
-  }
-  release_queue_cv_.notify_all();
-  if (releaser_.joinable()) releaser_.join();
-  auto unanswered = [this] { return releases_in_flight_.empty(); };
-  std::vector<PendingRelease*> to_cancel;
-  {
-    std::unique_lock<std::mutex> lock(release_mu_);
-    if (!release_cv_.wait_for(lock, kReleaseDrain, unanswered)) {
-      int leases = 0;
-      for (const auto& [key, pending] : releases_in_flight_) {
-        leases += pending->request.leases_size();
-        to_cancel.push_back(pending.get());
-      }
-      RF_LOG(kWarn, "stopping: " << leases << " leases in " << releases_in_flight_.size()
-                                 << " release requests unanswered after the shutdown bound: "
-                                    "cancelled, they expire at their sources by themselves");
-    }
-  }
-  // Outside the lock: gRPC may run a cancelled call's callback inline, and it takes the lock. The
-  // calls stay allocated (answered ones move to releases_answered_, freed only below).
-  for (PendingRelease* pending : to_cancel) pending->call->Cancel();
-  {
-    std::unique_lock<std::mutex> lock(release_mu_);
-    release_cv_.wait(lock, unanswered);  // a cancelled call still runs its callback, at once
-    releases_answered_.clear();
-  }
+  // Queued releases are still started; those unanswered after the bound are cancelled (such a
+  // source must not hold the agent's exit: its leases expire there anyway).
+  releases_->Stop(kReleaseDrain);
   {
     std::lock_guard<std::mutex> lock(sweep_mu_);
     stopping_ = true;

@@ -25,6 +25,7 @@
 #include "agent/lease_table.h"
 #include "agent/local_store.h"
 #include "agent/peer_calls.h"
+#include "agent/release_queue.h"
 #include "agent/store_warmer.h"
 #include "agent/wire.h"
 #include "rayfabric/config.h"
@@ -267,55 +268,16 @@ class Agent {
   // go on: a lease refused or a Create that found the object).
   bool AnsweredLocal(PullJob& job, LocalStore& store);
   void SweepLoop();
-  // Leases are released off the Pull's critical path: QueueRelease only hands the request to the
-  // releaser thread (ReleaseLoop), which starts it as its own asynchronous RPC, so that neither
-  // the Pull's answer waits for gRPC to send it (0.1-0.7 ms per Pull, measured on loopback) nor
-  // a source that stopped answering delays another source's releases. At shutdown the queued ones
-  // are still started; the unanswered ones then get kReleaseDrain in all, and are cancelled: such
-  // a source must not hold the agent's exit (its leases expire there anyway).
-  void QueueRelease(const std::string& source, v1::ReleaseRequest request);
-  void ReleaseLoop();
-  // Starts, on this thread, the releases still queued for `source`: a lease sent to a source goes
-  // after every release queued for it before (the source bounds what one requester holds).
-  void StartQueuedReleases(const std::string& source);
-  // Whether releases of this node's to `source` are queued or unanswered.
-  bool ReleasesPendingTo(const std::string& source);
-  // Waits until those on their way now are answered: false when the Pull was cancelled or too
-  // little of its time would be left to lease and read (bounded by kPeerRpcTimeout too).
-  bool WaitForReleasesTo(const std::string& source, const PullBounds& bounds);
   // The margin a reader asks for beyond its own deadline, and (at most) how close to its lease's
   // end a read may still start.
   static constexpr std::chrono::seconds kLeaseMargin{2};
-  struct PendingRelease;
-  struct QueuedRelease {
-    std::string source;
-    v1::ReleaseRequest request;
-  };
-  // Releases on this thread and waits for the answer (bounded by the Pull): a failover leases the
-  // same objects again next.
-  void ReleaseBeforeLeasingAgain(const std::string& source, const v1::ReleaseRequest& release,
-                                 const PullBounds& bounds);
-  // A release taken from the queue: in releases_in_flight_ under `key`, its call not started yet.
-  struct ReleaseToStart {
-    uint64_t key;
-    PendingRelease* call;
-  };
-  // Under release_mu_: the queued releases (all, or those to *source) made in flight.
-  std::vector<ReleaseToStart> TakeQueuedLocked(const std::string* source);
-  // Starts each as its own asynchronous call (not under release_mu_).
-  void StartReleases(const std::vector<ReleaseToStart>& calls);
-  // Answered, or never to be: out of releases_in_flight_ (into releases_answered_).
-  void RetireRelease(uint64_t key);
-  struct PendingRelease {
-    std::string source;
-    std::unique_ptr<PeerCall> call;
-    v1::ReleaseRequest request;
-    v1::ReleaseReply reply;
-  };
 
   AgentOptions options_;
   StoreConnector connect_store_;
   std::unique_ptr<PeerCalls> peers_;
+  // This node's leases given back to their sources (off the Pulls' critical path); made once the
+  // agent is, stopped by ~Agent before what the releases' calls use goes.
+  std::unique_ptr<ReleaseQueue> releases_;
   std::mutex stores_mu_;
   StorePtr serve_store_;
   StorePtr pull_store_;
@@ -372,14 +334,6 @@ class Agent {
   bool stopping_ = false;
   std::thread sweeper_;
 
-  std::mutex release_mu_;
-  std::condition_variable release_cv_;
-  bool stopping_releases_ = false;
-  uint64_t next_release_ = 0;
-  std::condition_variable release_queue_cv_;    // the releaser's: work queued, or stopping
-  std::vector<QueuedRelease> releases_queued_;  // for the releaser to start
-  std::map<uint64_t, std::unique_ptr<PendingRelease>> releases_in_flight_;
-  std::thread releaser_;
   // Per-source work of Pulls with several sources (the first source runs on the Pull's thread).
   WorkerPool source_pool_{8};
   // Early-answered Pulls still reading in the background; the agent waits for them at exit
@@ -388,8 +342,6 @@ class Agent {
   std::condition_variable background_cv_;
   int background_pulls_ = 0;
   std::atomic<bool> stopping_pulls_{false};
-  // Answered; freed by the releaser or at exit, never inside gRPC's callback.
-  std::vector<std::unique_ptr<PendingRelease>> releases_answered_;
   // This process's mapping of the store, kept warm (config warm_store); stopped in ~Agent once
   // the store connections (whose unmaps it hears of) are gone.
   std::unique_ptr<StoreWarmer> warmer_;

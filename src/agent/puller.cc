@@ -13,7 +13,8 @@
 #include "rayfabric/object_id.h"
 
 // The pull side: a Pull's objects leased from their source agents, created here, read over the
-// fabric, sealed (or aborted and quarantined); the leases are given back in lease_releases.cc.
+// fabric, sealed (or aborted and quarantined); the leases are given back through the ReleaseQueue
+// (release_queue.h).
 namespace rayfabric::agent {
 namespace {
 
@@ -505,7 +506,12 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
 bool Agent::ReadyToAskAgainForRoom(const std::string& source, const std::vector<PullJob*>& jobs,
                                    const PullBounds& bounds) {
   // Each keeps its refusal unless it is asked again.
-  if (!TimeLeft(bounds) || !WaitForReleasesTo(source, bounds) || !TimeLeft(bounds)) {
+  // Those on their way now, until a lease could still be asked and read within the Pull's deadline.
+  const Clock::time_point until =
+      std::min(bounds.deadline - kLeaseMargin, Clock::now() + kPeerRpcTimeout);
+  if (!TimeLeft(bounds) ||
+      !releases_->WaitForReleasesTo(source, until, [&bounds] { return bounds.Cancelled(); }) ||
+      !TimeLeft(bounds)) {
     Settle(bounds, jobs);
     return false;
   }
@@ -562,10 +568,10 @@ Agent::SourceLease Agent::LeaseFromSource(const std::string& source, const Sourc
   SourceLease leased;
   std::unique_ptr<PeerCall> call = peers_->NewCall();
   // A lease sent to a source goes after every release queued for it before.
-  StartQueuedReleases(source);
+  releases_->StartQueuedTo(source);
   // Earlier leases of this node's at the source not yet given back: a refusal for want of room may
   // be theirs (asked again, once they are).
-  leased.releases_pending = ReleasesPendingTo(source);
+  leased.releases_pending = releases_->PendingTo(source);
   // Lease expiries are counted from before the request left: by our clock they end no later than
   // by the source's.
   leased.asked_at = Clock::now();
@@ -599,7 +605,7 @@ Agent::SourceLease Agent::LeaseFromSource(const std::string& source, const Sourc
       ref->set_lease_id(lease.lease_id());
       ref->set_token(lease.token());
     }
-    if (release.leases_size() > 0) QueueRelease(source, std::move(release));
+    if (release.leases_size() > 0) releases_->Queue(source, std::move(release));
   }
   return leased;
 }
@@ -781,12 +787,15 @@ void Agent::AttemptFromSource(const std::string& source, const SourceAttempt& at
   std::optional<SourceAttempt> failover = FailoverAttempt(source, attempt, to.fab);
   if ((!failover && refused_for_room.empty()) || !TimeLeft(bounds)) {
     Settle(bounds, refused_for_room);  // failed: not asked again
-    if (release.leases_size() > 0) QueueRelease(source, std::move(release));
+    if (release.leases_size() > 0) releases_->Queue(source, std::move(release));
     return;
   }
   // The same source is leased again next: this attempt's leases are released (and answered)
   // first, so that the source does not count them twice against what this node may hold.
-  if (release.leases_size() > 0) ReleaseBeforeLeasingAgain(source, release, bounds);
+  if (release.leases_size() > 0) {
+    releases_->ReleaseNow(source, release, bounds.deadline,
+                          [&bounds] { return bounds.Cancelled(); });
+  }
   // Objects refused for want of room go once the failover (if any) is done, and this node's
   // leases there are given back.
   const bool room_retry = !refused_for_room.empty();

@@ -2,8 +2,8 @@
 // pull, lease and release logic runs without Ray: a node's store in this process's shared memory,
 // and agents that call each other directly instead of over gRPC. Both keep the real contracts
 // (pins, unsealed creates ended with their connection; `done` once); they add only what a real
-// store or peer cannot be made to do on demand: a source whose lease replies are altered, and
-// releases that are answered late.
+// store or peer cannot be made to do on demand: a source whose lease replies are altered, lease
+// calls that fail in transit, and releases that are answered late.
 #pragma once
 
 #include <sys/mman.h>
@@ -254,6 +254,9 @@ struct FakeNetwork {
   std::map<std::string, Agent*> agents;
   // Alters what a source answers (a source that describes its fabric wrongly, say).
   std::function<void(const std::string& source, v1::LeaseReply&)> tamper_lease;
+  // A lease call's outcome before it reaches the source (not OK: the call failed in transit, as
+  // GrpcPeerCalls says such a failure; the source never sees it).
+  std::function<Status(const std::string& source)> fail_lease;
   // Releases are answered this much later, on a thread of their own.
   std::chrono::milliseconds release_delay{0};
   int leases_asked = 0;
@@ -286,13 +289,16 @@ class FakePeerCalls final : public PeerCalls {
                   Done done) override {
     Agent* source = network_->At(address);
     if (source == nullptr) return done(Unavailable("no agent at " + address));
-    reply = source->Lease(request, self_);
     std::function<void(const std::string&, v1::LeaseReply&)> tamper;
+    std::function<Status(const std::string&)> fail;
     {
       std::lock_guard<std::mutex> lock(network_->mu);
       ++network_->leases_asked;
       tamper = network_->tamper_lease;
+      fail = network_->fail_lease;
     }
+    if (Status failed = fail ? fail(address) : Status::OK(); !failed.ok()) return done(failed);
+    reply = source->Lease(request, self_);
     if (tamper) tamper(address, reply);
     done(Status::OK());
   }

@@ -2,8 +2,10 @@
 // libfabric engines (tcp;ofi_rxm and sockets on loopback) reading each other's objects, their
 // stores and their calls to each other through the fakes at the two seams (agent_fakes.h). Each
 // case drives one path that real-Ray tests reach only by chance: failover to the next provider,
-// a lease that expires, a refusal for room asked again.
+// a lease that expires, a refusal for room asked again, a lease call that fails or is answered
+// wrongly. GrpcPeerCalls, the real seam, is run against real gRPC peers that are no V3 agent.
 #include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -38,9 +40,9 @@ uint64_t CounterOf(const v1::StatusReply& status, const std::string& name) {
   return 0;
 }
 
-// Waits (at most a second) until `done` holds.
-bool Eventually(const std::function<bool()>& done) {
-  const auto until = Clock::now() + std::chrono::seconds(1);
+// Waits (at most `bound`) until `done` holds.
+bool Eventually(const std::function<bool()>& done, milliseconds bound = milliseconds(1000)) {
+  const auto until = Clock::now() + bound;
   while (!done()) {
     if (Clock::now() > until) return false;
     std::this_thread::sleep_for(milliseconds(5));
@@ -285,6 +287,140 @@ TEST_F(AgentSeams, RefusedForRoomIsAskedAgainOnceLeasesAreBack) {
       << refused.results(0).error();
   EXPECT_EQ(CounterOf(reader.agent->GetStatus(), "pulls_asked_again_for_room"), 2u);
   EXPECT_FALSE(reader.store->Exists(Id(5)));
+}
+
+// A lease call that fails on its way (the source down, an older agent) ends the Pull's items with
+// that failure, said with the source's address; nothing is created on the reader, nothing stays
+// pinned at the source.
+TEST_F(AgentSeams, ALeaseCallThatFailsEndsThePullWithItsReason) {
+  Node& source = Start("source", {});
+  Node& reader = Start("reader", {});
+  const std::string bytes = RandomBytes(1 << 20, 10);
+  source.store->Put(Id(1), bytes);
+  network_->fail_lease = [](const std::string& address) {
+    return Unavailable("leasing from the agent at " + address + ": connection refused");
+  };
+  v1::PullReply reply = reader.agent->Pull(PullOf("source", {{Id(1), bytes.size()}}));
+  ASSERT_EQ(reply.results_size(), 1);
+  EXPECT_EQ(reply.results(0).outcome(), v1::FAILED);
+  EXPECT_EQ(reply.results(0).error_code(), v1::ERROR_CODE_UNAVAILABLE) << reply.results(0).error();
+  EXPECT_NE(reply.results(0).error().find("agent at source"), std::string::npos)
+      << reply.results(0).error();
+  EXPECT_FALSE(reader.store->Exists(Id(1)));
+  EXPECT_EQ(source.store->Pins(Id(1)), 0);
+
+  network_->fail_lease = [](const std::string& address) {
+    return VersionMismatch("leasing from the agent at " + address + ": it runs protocol V2");
+  };
+  reply = reader.agent->Pull(PullOf("source", {{Id(1), bytes.size()}}));
+  EXPECT_EQ(reply.results(0).outcome(), v1::FAILED);
+  EXPECT_EQ(reply.results(0).error_code(), v1::ERROR_CODE_VERSION_MISMATCH)
+      << reply.results(0).error();
+  EXPECT_FALSE(reader.store->Exists(Id(1)));
+
+  // The source back: the same object comes, byte-exact.
+  network_->fail_lease = nullptr;
+  reply = reader.agent->Pull(PullOf("source", {{Id(1), bytes.size()}}));
+  EXPECT_EQ(reply.results(0).outcome(), v1::PULLED) << reply.results(0).error();
+  EXPECT_TRUE(reader.store->Read(Id(1)) == bytes);
+}
+
+// A source that answers fewer leases than it was asked for is not believed: the Pull fails as a
+// protocol error, nothing is read, and the lease it did describe is given back (the one its reply
+// left out, which the reader cannot name, ends at its TTL).
+TEST_F(AgentSeams, ALeaseReplyWithTooFewLeasesIsRefusedAndGivenBack) {
+  Node& source = Start("source", {});
+  Node& reader = Start("reader", {});
+  source.store->Put(Id(1), RandomBytes(1 << 20, 11));
+  source.store->Put(Id(2), RandomBytes(1 << 20, 12));
+  network_->tamper_lease = [](const std::string&, v1::LeaseReply& reply) {
+    reply.mutable_leases()->RemoveLast();
+  };
+  // (A short Pull, so that its leases' TTL, the Pull's bound and a margin, ends soon.)
+  v1::PullRequest pull = PullOf("source", {{Id(1), 1 << 20}, {Id(2), 1 << 20}});
+  pull.set_timeout_ms(300);
+  v1::PullReply reply = reader.agent->Pull(pull);
+  network_->tamper_lease = nullptr;
+  ASSERT_EQ(reply.results_size(), 2);
+  for (const v1::PullResult& result : reply.results()) {
+    EXPECT_EQ(result.outcome(), v1::FAILED);
+    EXPECT_EQ(result.error_code(), v1::ERROR_CODE_PROTOCOL_ERROR) << result.error();
+    EXPECT_NE(result.error().find("answered 1 leases for 2 objects"), std::string::npos)
+        << result.error();
+  }
+  EXPECT_FALSE(reader.store->Exists(Id(1)));
+  EXPECT_FALSE(reader.store->Exists(Id(2)));
+  EXPECT_TRUE(Eventually([&] {
+    return source.store->Pins(Id(1)) == 0 &&
+           CounterOf(source.agent->GetStatus(), "leases_released") == 1;
+  })) << "the lease described was not given back";
+  EXPECT_TRUE(Eventually([&] { return source.store->Pins(Id(2)) == 0; }, milliseconds(5000)))
+      << "the lease left out of the reply outlived its TTL";
+  EXPECT_EQ(CounterOf(source.agent->GetStatus(), "leases_expired"), 1u);
+}
+
+// The real seam, against real gRPC peers that are no protocol V3 agent.
+std::string Loopback(int port) { return "127.0.0.1:" + std::to_string(port); }
+
+Status LeaseFrom(GrpcPeerCalls& peers, const std::string& address, milliseconds bound,
+                 const std::function<bool()>& cancelled = nullptr) {
+  std::unique_ptr<PeerCall> call = peers.NewCall();
+  v1::LeaseRequest request;
+  request.set_protocol_version(kProtocolVersion);
+  v1::LeaseReply reply;
+  return AwaitPeerCall(*call, cancelled, [&](PeerCalls::Done done) {
+    peers.StartLease(*call, address, request, reply, Clock::now() + bound, std::move(done));
+  });
+}
+
+// A gRPC server without the Peer service (an agent older than V3) answers UNIMPLEMENTED.
+TEST(GrpcPeerCallsTest, AServerWithoutThePeerServiceIsAVersionMismatch) {
+  // (A V2 agent's service; its own methods unimplemented too.)
+  v1::Agent::CallbackService v2_only;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&v2_only);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  ASSERT_GT(port, 0);
+  GrpcPeerCalls peers(Credentials::Insecure());
+  const Status s = LeaseFrom(peers, Loopback(port), milliseconds(5000));
+  EXPECT_EQ(s.code(), StatusCode::kVersionMismatch) << s.ToString();
+  EXPECT_NE(s.message().find("protocol V3"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find(Loopback(port)), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("same rayfabric version"), std::string::npos) << s.ToString();
+  server->Shutdown();
+}
+
+// A peer that takes the connection and never answers: the call ends at its bound (said as an agent
+// that is not there), or as soon as its caller goes away (said as cancelled, not as the peer's
+// fault).
+TEST(GrpcPeerCallsTest, ASilentPeerEndsAtTheBoundOrWhenTheCallerLeaves) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listener, 16), 0);  // connections complete in the backlog; nobody speaks
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string address = Loopback(ntohs(addr.sin_port));
+  GrpcPeerCalls peers(Credentials::Insecure());
+
+  Clock::time_point t0 = Clock::now();
+  Status s = LeaseFrom(peers, address, milliseconds(300));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find(address), std::string::npos) << s.ToString();
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(3));
+
+  t0 = Clock::now();
+  s = LeaseFrom(peers, address, milliseconds(30000),
+                [t0] { return Clock::now() - t0 > milliseconds(200); });
+  EXPECT_EQ(s.code(), StatusCode::kAborted) << s.ToString();
+  EXPECT_NE(s.message().find("cancelled"), std::string::npos) << s.ToString();
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(3)) << "a cancelled call must end at once";
+  close(listener);
 }
 
 }  // namespace
