@@ -295,9 +295,15 @@ def _guarded(kind, find_destination, args, kwargs):
         return
     try:
         refs = _refs_of(args, kwargs)
-        if refs:  # (most calls have none: no lookup at all then)
-            node, known = find_destination()
-            _prefetch_to(node, refs, known)
+        if not refs:  # (most calls have none: no lookup at all then)
+            return
+        if PENDING != "race" and not _may_block():
+            # A call from an event loop cannot wait for a read, and one it did not wait for races
+            # Ray's pull (bytes twice): Ray's, without a lookup (which could block the loop).
+            _pulls._count("args_pending_left_to_ray", len(refs))
+            return
+        node, known = find_destination()
+        _prefetch_to(node, refs, known)
     except Exception as e:  # noqa: BLE001 - never break a call
         _pulls._fallback(f"argument prefetch for {kind} failed: {type(e).__name__}: {e}")
 
@@ -312,7 +318,6 @@ def install():
         actor_call = ActorHandle._actor_method_call
         actor_create = ActorClass._remote
         task_remote = RemoteFunction._remote
-        _installed.update(actor=actor_call, create=actor_create, task=task_remote)
 
     def _actor_method_call(self, method_name, args=None, kwargs=None, *rest, **options):
         if method_name != "__ray_terminate__":
@@ -327,13 +332,21 @@ def install():
 
     def _create(self, args=None, kwargs=None, **actor_options):
         # (ActorClass.remote and .options().remote pass the merged options here.) Only a pinned
-        # actor's node is known at submission: the GCS places a default-scheduled one.
-        _guarded("an actor's creation", lambda: (_task_node(actor_options), None), args, kwargs)
+        # actor's node is known at submission: the GCS places a default-scheduled one. With
+        # get_if_exists, Ray looks the actor up and calls _remote again only to create it: asked
+        # then, once.
+        if not actor_options.get("get_if_exists"):
+            _guarded("an actor's creation", lambda: (_task_node(actor_options), None), args, kwargs)
         return actor_create(self, args, kwargs, **actor_options)
 
-    ActorHandle._actor_method_call = _actor_method_call
-    ActorClass._remote = _create
-    RemoteFunction._remote = _remote
+    with _lock:
+        if _installed:
+            return True
+        _installed.update(actor=actor_call, create=actor_create, task=task_remote,
+                          wrappers=(_actor_method_call, _create, _remote))
+        ActorHandle._actor_method_call = _actor_method_call
+        ActorClass._remote = _create
+        RemoteFunction._remote = _remote
     return True
 
 
@@ -343,9 +356,13 @@ def uninstall():
     with _lock:
         if not _installed:
             return
-        ActorHandle._actor_method_call = _installed.pop("actor")
-        ActorClass._remote = _installed.pop("create")
-        RemoteFunction._remote = _installed.pop("task")
+        # Each put back only where it is still ours (not where someone patched it after us).
+        mine = dict(zip(("actor", "create", "task"), _installed.pop("wrappers")))
+        for owner, attr, key in ((ActorHandle, "_actor_method_call", "actor"), (ActorClass, "_remote", "create"),
+                                 (RemoteFunction, "_remote", "task")):
+            original = _installed.pop(key)
+            if owner.__dict__.get(attr) is mine[key]:
+                setattr(owner, attr, original)
 
 
 def installed():

@@ -26,6 +26,7 @@ Per case and path: seconds, GB/s of argument bytes, and (rayfabric) what the des
 did with each argument: pulled it (won the race with Ray's own pull), stood aside (Ray's pull was
 first), found it local."""
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -196,15 +197,16 @@ def run_create(blocks, block_bytes, seed0, use_fabric, actors=4):
     create = Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_of("mapper"), soft=False)).remote
     share = -(-blocks // actors)
     t0 = time.perf_counter()
-    if use_fabric:
-        holders = [create(*refs[i:i + share]) for i in range(0, blocks, share)]
-    else:
-        with args.paused():
-            holders = [create(*refs[i:i + share]) for i in range(0, blocks, share)]
-    results = [d for held in ray.get([h.held.remote() for h in holders]) for d in held]
-    seconds = time.perf_counter() - t0
-    for h in holders:
-        ray.kill(h)
+    holders = []
+    try:
+        with contextlib.nullcontext() if use_fabric else args.paused():
+            for i in range(0, blocks, share):
+                holders.append(create(*refs[i:i + share]))
+        results = [d for held in ray.get([h.held.remote() for h in holders]) for d in held]
+        seconds = time.perf_counter() - t0
+    finally:
+        for h in holders:
+            ray.kill(h)
     return seconds, results == [expected(block_bytes, seed0 + i) for i in range(blocks)], blocks * block_bytes
 
 

@@ -567,7 +567,7 @@ Agent::SourceLease Agent::LeaseFromSource(const std::string& source, const Sourc
   }
   SourceLease leased;
   std::unique_ptr<PeerCall> call = peers_->NewCall();
-  // A lease sent to a source goes after every release queued for it before.
+  // A lease to a source first starts every release still queued for it (release_queue.h).
   releases_->StartQueuedTo(source);
   // Earlier leases of this node's at the source not yet given back: a refusal for want of room may
   // be theirs (asked again, once they are).

@@ -63,8 +63,10 @@ void ReleaseQueue::StartQueuedTo(const std::string& source) {
   std::vector<std::unique_ptr<Pending>> answered;  // freed here, outside a call's `done`
   {
     std::lock_guard<std::mutex> lock(mu_);
-    answered = std::move(answered_);
-    answered_.clear();
+    if (!stopping_) {  // (once stopping, only Stop frees them: it may still be cancelling them)
+      answered = std::move(answered_);
+      answered_.clear();
+    }
     mine = TakeQueuedLocked(&source);
   }
   answered.clear();

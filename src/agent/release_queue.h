@@ -1,10 +1,11 @@
 // This node's leases given back to their sources. A Pull only queues its release: a thread of the
 // queue's own starts it as an asynchronous call to the source, so that neither the Pull's answer
 // waits for the call to be sent (0.1-0.7 ms per Pull, measured on loopback) nor a source that
-// stopped answering delays another source's releases. A lease sent to a source goes after every
-// release queued for it before (the source bounds what one requester holds), and a Pull refused
-// for room there may wait for the releases on their way. It knows nothing of pulls or stores:
-// only sources (agent addresses), release requests and the PeerCalls seam.
+// stopped answering delays another source's releases. A lease to a source first starts the
+// releases still queued for it (the source bounds what one requester holds); one the queue's
+// thread has just taken may still be on its way out, which is why a Pull refused for room there
+// may wait for the releases in flight. It knows nothing of pulls or stores: only sources (agent
+// addresses), release requests and the PeerCalls seam.
 #pragma once
 
 #include <chrono>
@@ -47,13 +48,15 @@ class ReleaseQueue {
   // once `cancelled` says so (asked every 100 ms).
   bool WaitForReleasesTo(const std::string& source, Clock::time_point until,
                          const std::function<bool()>& cancelled);
-  // Releases on this thread and waits for the answer, bounded by `deadline` and `cancelled`
-  // (the same objects are leased again next, so it may not wait in the queue). Released in order:
-  // after the releases queued for `source`. A failure is said once; those leases expire.
+  // Releases on this thread and waits for its answer (not the others'), bounded by `deadline`
+  // and `cancelled` (the same objects are leased again next, so it may not wait in the queue).
+  // The releases still queued for `source` are started first. A failure is said once; those
+  // leases expire.
   void ReleaseNow(const std::string& source, const ::rayfabric::v1::ReleaseRequest& request,
                   Clock::time_point deadline, const std::function<bool()>& cancelled);
   // No release is queued from now on; those queued already are started; answers are awaited
   // `drain` in all, then the unanswered calls are cancelled and their ends awaited. Idempotent.
+  // The caller's other threads may still call in meanwhile (what they queue is dropped).
   void Stop(std::chrono::milliseconds drain = kDefaultDrain);
 
  private:

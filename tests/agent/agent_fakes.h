@@ -3,7 +3,7 @@
 // and agents that call each other directly instead of over gRPC. Both keep the real contracts
 // (pins, unsealed creates ended with their connection; `done` once); they add only what a real
 // store or peer cannot be made to do on demand: a source whose lease replies are altered, lease
-// calls that fail in transit, and releases that are answered late.
+// calls or their replies lost in transit, and releases that are answered late.
 #pragma once
 
 #include <sys/mman.h>
@@ -257,6 +257,8 @@ struct FakeNetwork {
   // A lease call's outcome before it reaches the source (not OK: the call failed in transit, as
   // GrpcPeerCalls says such a failure; the source never sees it).
   std::function<Status(const std::string& source)> fail_lease;
+  // The same after the source granted the lease: its reply is lost on the way back.
+  std::function<Status(const std::string& source)> lose_lease_reply;
   // Releases are answered this much later, on a thread of their own.
   std::chrono::milliseconds release_delay{0};
   int leases_asked = 0;
@@ -291,14 +293,20 @@ class FakePeerCalls final : public PeerCalls {
     if (source == nullptr) return done(Unavailable("no agent at " + address));
     std::function<void(const std::string&, v1::LeaseReply&)> tamper;
     std::function<Status(const std::string&)> fail;
+    std::function<Status(const std::string&)> lose;
     {
       std::lock_guard<std::mutex> lock(network_->mu);
       ++network_->leases_asked;
       tamper = network_->tamper_lease;
       fail = network_->fail_lease;
+      lose = network_->lose_lease_reply;
     }
     if (Status failed = fail ? fail(address) : Status::OK(); !failed.ok()) return done(failed);
     reply = source->Lease(request, self_);
+    if (Status lost = lose ? lose(address) : Status::OK(); !lost.ok()) {
+      reply.Clear();
+      return done(lost);
+    }
     if (tamper) tamper(address, reply);
     done(Status::OK());
   }

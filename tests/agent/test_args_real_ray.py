@@ -393,27 +393,49 @@ class AsyncLearner:
 def test_a_pinned_actors_creation_arguments(cluster):
     """An actor created on n2 (node affinity) with two 16 MiB arguments made on n0: n2's agent reads
     them before the creation goes, so the raylet that starts the actor finds them local and Ray's
-    object manager there moves none of them. A default-scheduled actor's node is the GCS's choice:
-    nothing asked, counted as no destination."""
+    object manager there moves none of them; so for one created in a placement-group bundle there.
+    A get_if_exists creation asks once, and nothing when the actor exists. A default-scheduled
+    actor's node is the GCS's choice: nothing asked, counted as no destination."""
     n2 = cluster["nodes"]["n2"]
-    refs = [on("n0", produce).remote(16 * MiB, s) for s in (101, 102)]
-    ray.wait(refs, num_returns=2, fetch_local=False, timeout=120)
-    before, asked_before, received_before = outcomes(n2), asked(), ray_received(n2)
-    holder = Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n2, soft=False)).remote(*refs)
-    created, where = ray.get(holder.created_with.remote(), timeout=180)
-    assert created == [digest(make(16 * MiB, s)) for s in (101, 102)] and where == n2
-    assert asked() - asked_before == 2
-    after = wait_seen(n2, before, 2)
-    assert after["objects_pulled"] - before["objects_pulled"] == 2, (before, after)
-    moved_by_ray = ray_received(n2) - received_before
-    print(f"actor creation: Ray's object manager on n2 received {moved_by_ray / MiB:.1f} MiB of 32 MiB")
-    assert moved_by_ray < 1 * MiB, moved_by_ray
-    no_dest = rayfabric.stats()["args_no_destination"]
-    default = Holder.remote(refs[0])
-    assert ray.get(default.created_with.remote(), timeout=180)[0] == [digest(make(16 * MiB, 101))]
-    assert rayfabric.stats()["args_no_destination"] == no_dest + 1 and asked() - asked_before == 2
-    ray.kill(holder)
-    ray.kill(default)
+    refs = [on("n0", produce).remote(16 * MiB, s) for s in (101, 102, 103)]
+    ray.wait(refs, num_returns=3, fetch_local=False, timeout=120)
+    pg = ray.util.placement_group([{"n2": 1}], strategy="STRICT_PACK")
+    ray.get(pg.ready(), timeout=120)
+    made = []
+    try:
+        before, asked_before, received_before = outcomes(n2), asked(), ray_received(n2)
+        made.append(Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n2, soft=False)).remote(*refs[:2]))
+        made.append(Holder.options(resources={"n2": 0.5},
+                                   scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0)).remote(refs[2]))
+        created = ray.get([h.created_with.remote() for h in made], timeout=180)
+        assert created == [([digest(make(16 * MiB, s)) for s in (101, 102)], n2), ([digest(make(16 * MiB, 103))], n2)]
+        assert asked() - asked_before == 3
+        after = wait_seen(n2, before, 3)
+        assert after["objects_pulled"] - before["objects_pulled"] == 3, (before, after)
+        moved_by_ray = ray_received(n2) - received_before
+        print(f"actor creation: Ray's object manager on n2 received {moved_by_ray / MiB:.1f} MiB of 48 MiB")
+        assert moved_by_ray < 1 * MiB, moved_by_ray
+
+        # get_if_exists: created (its argument, on n2 already by now, is not worth a pull), then
+        # found: asked nothing the second time, no lookup.
+        named = Holder.options(name="rf-holder", get_if_exists=True,
+                               scheduling_strategy=NodeAffinitySchedulingStrategy(n2, soft=False))
+        not_worth, asked_now = rayfabric.stats()["args_not_worth_a_pull"], asked()
+        made.append(named.remote(refs[0]))
+        assert ray.get(made[-1].created_with.remote(), timeout=180)[1] == n2
+        assert rayfabric.stats()["args_not_worth_a_pull"] == not_worth + 1 and asked() == asked_now
+        again = named.remote(refs[0])
+        assert again._actor_id == made[-1]._actor_id
+        assert rayfabric.stats()["args_not_worth_a_pull"] == not_worth + 1 and asked() == asked_now
+
+        no_dest = rayfabric.stats()["args_no_destination"]
+        made.append(Holder.remote(refs[0]))
+        assert ray.get(made[-1].created_with.remote(), timeout=180)[0] == [digest(make(16 * MiB, 101))]
+        assert rayfabric.stats()["args_no_destination"] == no_dest + 1 and asked() == asked_now
+    finally:
+        for h in made:
+            ray.kill(h)
+        ray.util.remove_placement_group(pg)
 
 
 def test_refs_nested_in_an_argument_come_by_the_callees_get(cluster):
@@ -422,17 +444,19 @@ def test_refs_nested_in_an_argument_come_by_the_callees_get(cluster):
     received none of their bytes)."""
     n1 = cluster["nodes"]["n1"]
     holder = Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n1, soft=False)).remote()
-    assert ray.get(holder.created_with.remote(), timeout=120)[1] == n1
-    refs = [on("n0", produce).remote(16 * MiB, s) for s in (111, 112)]
-    ray.wait(refs, num_returns=2, fetch_local=False, timeout=120)
-    agent_before, received_before = agent_counters(n1), ray_received(n1)
-    assert ray.get(holder.read_nested.remote({"refs": refs}), timeout=180) == \
-        [digest(make(16 * MiB, s)) for s in (111, 112)]
-    agent_after = agent_counters(n1)
-    assert agent_after["objects_pulled"] - agent_before["objects_pulled"] == 2, (agent_before, agent_after)
-    assert agent_after["bytes_pulled"] - agent_before["bytes_pulled"] >= 32 * MiB
-    assert ray_received(n1) - received_before < 1 * MiB
-    ray.kill(holder)
+    try:
+        assert ray.get(holder.created_with.remote(), timeout=120)[1] == n1
+        refs = [on("n0", produce).remote(16 * MiB, s) for s in (111, 112)]
+        ray.wait(refs, num_returns=2, fetch_local=False, timeout=120)
+        agent_before, received_before = agent_counters(n1), ray_received(n1)
+        assert ray.get(holder.read_nested.remote({"refs": refs}), timeout=180) == \
+            [digest(make(16 * MiB, s)) for s in (111, 112)]
+        agent_after = agent_counters(n1)
+        assert agent_after["objects_pulled"] - agent_before["objects_pulled"] == 2, (agent_before, agent_after)
+        assert agent_after["bytes_pulled"] - agent_before["bytes_pulled"] >= 32 * MiB
+        assert ray_received(n1) - received_before < 1 * MiB
+    finally:
+        ray.kill(holder)
 
 
 def test_an_async_actors_calls_from_a_driver(cluster):
@@ -440,15 +464,17 @@ def test_an_async_actors_calls_from_a_driver(cluster):
     is read at the actor's node before the call goes, as for any actor."""
     n1 = cluster["nodes"]["n1"]
     learner = AsyncLearner.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n1, soft=False)).remote()
-    assert ray.get(learner.ping.remote(), timeout=120) == n1
-    ref = on("n0", produce).remote(16 * MiB, 121)
-    ray.wait([ref], fetch_local=False, timeout=120)
-    before, received_before = outcomes(n1), ray_received(n1)
-    assert ray.get(learner.update.remote(ref), timeout=180) == [digest(make(16 * MiB, 121))]
-    after = wait_seen(n1, before, 1)
-    assert after["objects_pulled"] - before["objects_pulled"] == 1, (before, after)
-    assert ray_received(n1) - received_before < 1 * MiB
-    ray.kill(learner)
+    try:
+        assert ray.get(learner.ping.remote(), timeout=120) == n1
+        ref = on("n0", produce).remote(16 * MiB, 121)
+        ray.wait([ref], fetch_local=False, timeout=120)
+        before, received_before = outcomes(n1), ray_received(n1)
+        assert ray.get(learner.update.remote(ref), timeout=180) == [digest(make(16 * MiB, 121))]
+        after = wait_seen(n1, before, 1)
+        assert after["objects_pulled"] - before["objects_pulled"] == 1, (before, after)
+        assert ray_received(n1) - received_before < 1 * MiB
+    finally:
+        ray.kill(learner)
 
 
 def test_an_argument_whose_source_node_died(cluster):

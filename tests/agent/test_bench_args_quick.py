@@ -36,5 +36,6 @@ def test_reduce_and_actor_cases(tmp_path):
     # fabric, none of their bytes by Ray's object managers (all 8 MiB on Ray's path).
     made_ray, made_fabric = rows[("create", "ray")], rows[("create", "rayfabric-sealed")]
     assert made_fabric["outcomes"]["objects_pulled"] == 4, made_fabric["outcomes"]
+    assert None not in (made_ray["ray_received"], made_fabric["ray_received"]), "Ray's metric was not read"
     assert made_ray["ray_received"] >= 8 * MiB and made_fabric["ray_received"] < 1 * MiB, (made_ray, made_fabric)
     assert "ran where predicted" in p.stdout, p.stdout[-2000:]
