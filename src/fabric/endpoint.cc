@@ -151,6 +151,8 @@ Status EngineCore::Open(SelectedProvider selected, const Config& config,
   RF_ASSIGN_OR_RETURN(int64_t timeout_ms, config.GetInt("op_timeout_ms"));
   RF_ASSIGN_OR_RETURN(int64_t drain_ms, config.GetInt("drain_timeout_ms"));
   RF_ASSIGN_OR_RETURN(uint64_t max_registration, config.GetBytes("max_registration"));
+  RF_ASSIGN_OR_RETURN(int64_t spin_us, config.GetInt("progress_spin_us"));
+  spin_ = std::chrono::microseconds(spin_us);
   // Slices start at multiples of it from the range's base: page-aligned bases stay page-aligned.
   profile_.max_registration_bytes = max_registration & ~static_cast<uint64_t>(4095);
   report_.chosen.max_registration_bytes = profile_.max_registration_bytes;

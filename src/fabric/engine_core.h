@@ -51,6 +51,7 @@ class TransferState {
   uint64_t total_bytes = 0;
   std::string what;  // "fi_read of 64.0 MiB with peer 2 over tcp;ofi_rxm"
   std::weak_ptr<EngineCore> core;
+  std::chrono::microseconds spin{0};  // a waiter polls `done` this long before it blocks
 
   // Guarded by EngineCore::mu_.
   size_t next = 0;
@@ -169,6 +170,16 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   size_t max_inflight_ = 0;
   std::chrono::milliseconds op_timeout_{0};
   std::chrono::milliseconds drain_timeout_{0};
+  // Config progress_spin_us: the progress thread polls the CQ this long after the latest post or
+  // completion (last_activity_ns_, steady clock) before it blocks; a post while it is blocked
+  // (sleeping_) wakes it, so that the wake-up overlaps the operation's flight.
+  std::chrono::microseconds spin_{0};
+  std::atomic<int64_t> last_activity_ns_{0};
+  std::atomic<bool> sleeping_{false};
+  void NoteActivity() {
+    last_activity_ns_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                            std::memory_order_relaxed);
+  }
 
   // Recursive: dropping the last reference to a region (inside a reaped transfer) deregisters it,
   // which takes this lock again on the same thread.

@@ -57,6 +57,15 @@ Status Transfer::Wait(std::chrono::milliseconds timeout) const {
   Status first_failure;
   for (const auto& state : parts_) {
     std::unique_lock<std::mutex> lock(state->wait_mu);
+    if (!state->done && state->spin.count() > 0) {
+      // A short transfer completes within the spin more often than not: seen without a wake-up.
+      const auto until = std::min(deadline, Clock::now() + state->spin);
+      while (!state->done && Clock::now() < until) {
+        lock.unlock();
+        sched_yield();
+        lock.lock();
+      }
+    }
     if (forever) {
       state->wait_cv.wait(lock, [&] { return state->done; });
     } else if (!state->wait_cv.wait_until(lock, deadline, [&] { return state->done; })) {
@@ -159,9 +168,13 @@ Result<Transfer> EngineCore::Start(RmaOp op, PeerId peer, const RemoteRegion& re
   t->endpoint_generation = endpoint_generation_;
   RF_ASSIGN_OR_RETURN(t->key, RemoteKey(remote));
   t->last_progress = Clock::now();
+  t->spin = spin_;
   active_.push_back(t);
   PumpLocked(*t);
-  if (blocked_) Wake();  // (the progress thread looks at timeouts every kProgressWaitMs anyway)
+  NoteActivity();
+  // (The progress thread looks at timeouts every kProgressWaitMs anyway.) Spinning, it is woken
+  // while the operations fly, to poll for their completions.
+  if (blocked_ || (spin_.count() > 0 && sleeping_.load(std::memory_order_relaxed))) Wake();
   ReapLocked();
   return Transfer(t);
 }
@@ -351,6 +364,17 @@ void EngineCore::ProgressLoop() {
     // Reading the CQ also drives the provider's progress, which is what lets remote peers'
     // one-sided operations on our memory complete on manual-progress providers.
     if (cq != nullptr) n = fi_cq_read(cq, entries, kCqBatch);
+    if (n == -FI_EAGAIN && cq != nullptr && spin_.count() > 0) {
+      // Shortly after activity: poll on (yielding), so that what completes next (a reply, the
+      // next request of a stream, a peer's read on manual progress) needs no wake-up.
+      const int64_t until = last_activity_ns_.load(std::memory_order_relaxed) +
+                            std::chrono::duration_cast<std::chrono::nanoseconds>(spin_).count();
+      while (n == -FI_EAGAIN && !stop_ && Clock::now().time_since_epoch().count() < until) {
+        sched_yield();
+        n = fi_cq_read(cq, entries, kCqBatch);
+      }
+    }
+    if (n > 0) NoteActivity();
     if (n == -FI_EAGAIN) {
       struct fid* cq_fid = cq != nullptr ? &cq->fid : nullptr;
       if ((cq_fd >= 0 || cq == nullptr) && !blocked) {
@@ -358,10 +382,15 @@ void EngineCore::ProgressLoop() {
         // at most kProgressWaitMs so that timeouts are checked.
         if (cq == nullptr || fi_trywait(fabric_.get(), &cq_fid, 1) == FI_SUCCESS) {
           struct pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {cq_fd, POLLIN, 0}};
-          if (poll(fds, cq_fd >= 0 ? 2 : 1, kProgressWaitMs) > 0 && (fds[0].revents & POLLIN)) {
+          sleeping_.store(true, std::memory_order_relaxed);
+          const int woke = poll(fds, cq_fd >= 0 ? 2 : 1, kProgressWaitMs);
+          sleeping_.store(false, std::memory_order_relaxed);
+          if (woke > 0 && (fds[0].revents & POLLIN)) {
             uint64_t drained;
             if (read(wake_fd_, &drained, sizeof(drained)) < 0) drained = 0;
           }
+          // Woken by the CQ: something arrived (a peer's request, a reply); poll on after it.
+          if (woke > 0) NoteActivity();
         }
       } else {
         sched_yield();  // no wait fd: poll (never sleep) so progress stays prompt
