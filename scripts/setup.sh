@@ -39,6 +39,21 @@ if [ "${RAYFABRIC_NO_TORCH:-0}" != 1 ] && ! $PY -c "import torch" 2>/dev/null; t
   PYTHON=$PY bash scripts/pip-install.sh -q torch
 fi
 
+# Peer transfer engines for bench/peer_engines.py (issue 32), binary wheels: Mooncake Transfer
+# Engine (its non-CUDA build) and NIXL (nixl-cu12: its UCX backend runs without a GPU; it needs
+# torch). Best effort: a machine where they do not install still builds and tests, and the bench
+# says why it skipped them.
+if ! $PY -c "import mooncake.engine" 2>/dev/null; then
+  echo "[setup] pip install mooncake-transfer-engine-non-cuda"
+  PYTHON=$PY bash scripts/pip-install.sh -q "mooncake-transfer-engine-non-cuda==0.3.13.post1" ||
+    echo "[setup] mooncake-transfer-engine-non-cuda did not install: bench/peer_engines.py skips it"
+fi
+if $PY -c "import torch" 2>/dev/null && ! $PY -c "import nixl_cu12" 2>/dev/null; then
+  echo "[setup] pip install nixl-cu12"
+  PYTHON=$PY bash scripts/pip-install.sh -q "nixl-cu12==1.5.1" ||
+    echo "[setup] nixl-cu12 did not install: bench/peer_engines.py skips it"
+fi
+
 # rayfabric._fabric is built for the Python that runs Ray here.
 PY_EXE=$($PY -c 'import sys; print(sys.executable)')
 if [ ! -f build/build.ninja ]; then
