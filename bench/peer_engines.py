@@ -7,17 +7,23 @@ it loads), in one run, printed as one table.
                                                         [--engines rayfabric,mooncake,nixl]
                                                         [--json F]
 
-Each engine: a target process registers a buffer filled with a known pattern; the initiator
-registers its own and reads [0, size) of the target's, one read at a time, after a warm-up
-(latency: the median read; bandwidth: the bytes of all reads over their time); its buffer is
-cleared before each size and compared with the pattern after it. Two transports:
+Each engine: a target process registers a buffer filled with a pattern that encodes each byte's
+position; the initiator registers its own and reads [0, size) of the target's, one read at a time:
+one warm-up read, then the same number of timed reads on every engine (10-2000, about 256 MiB a
+size; latency: the median read; bandwidth: the bytes of all timed reads over their time). Then
+the initiator's buffer is cleared, read once more and compared with the pattern (rayfabric-bench,
+run once per size in a fresh process, compares its buffer after the timed reads). Every engine
+reaches its target at 127.0.0.1 (rayfabric on tcp with RAYFABRIC_DOMAIN=lo; UCX chooses its own
+interfaces among those UCX_TLS allows). Two transports:
   tcp  every engine over TCP sockets on this host (rayfabric: tcp;ofi_rxm; Mooncake: tcp; NIXL:
        UCX with UCX_TLS=tcp);
   shm  each engine's own path between two processes of one host (rayfabric: libfabric's shm
        provider; NIXL: UCX's default choice there, shared memory and CMA; Mooncake: none).
 An engine that is not installed, or does not load here, is a row that says why (install:
-`pip install mooncake-transfer-engine-non-cuda nixl-cu12`; scripts/setup.sh does). Noisy shared
-hosts: compare the engines of one run, not runs of different days."""
+`pip install mooncake-transfer-engine-non-cuda nixl-cu12`; scripts/setup.sh does). The exit
+status is 1 when rayfabric's own engine failed or any engine read wrong bytes (a peer engine that
+fails is said in the table). Noisy shared hosts: compare the engines of one run, not runs of
+different days."""
 import argparse
 import json
 import os
@@ -29,7 +35,8 @@ import time
 
 MiB = 1 << 20
 READ_BYTES = 256 * MiB  # per size: reads of `size` until about this much was read (10-2000 reads)
-WARMUP = 3
+WARMUP = 1  # as rayfabric-bench does
+MARK_WAIT_S = 60  # how long a target may take to say where its buffer is
 
 
 def parse_size(text):
@@ -46,8 +53,10 @@ def label(size):
 
 
 def pattern(n):
+    """Bytes that differ with their position (no short period: a read from a wrong offset fails)."""
     import numpy as np
-    return (np.arange(n, dtype=np.uint64) * 7 % 251).astype(np.uint8)
+    i = np.arange(n, dtype=np.uint64)
+    return ((i * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(56)).astype(np.uint8)
 
 
 def reads_of(size):
@@ -55,9 +64,8 @@ def reads_of(size):
 
 
 def measure(read, local, size):
-    """Times reads of `size` into `local` (cleared first); verified against the pattern."""
+    """Times reads of `size` into `local`; then one more into a cleared buffer, verified."""
     import numpy as np
-    local[:size] = 0
     for _ in range(WARMUP):
         read(size)
     n = reads_of(size)
@@ -67,6 +75,8 @@ def measure(read, local, size):
         read(size)
         times.append(time.perf_counter() - t0)
     times.sort()
+    local[:size] = 0
+    read(size)
     return {"size": size, "iters": n, "p50_us": times[n // 2] * 1e6, "gbps": size * n / sum(times) / 1e9,
             "verified": bool(np.array_equal(local[:size], pattern(size)))}
 
@@ -151,14 +161,39 @@ MARK = "PEER-ENGINES-TARGET "
 
 
 def serve(engine, backend, nbytes):
-    """The target: registers its buffer, says where on stdout, and lives until stdin closes."""
+    """The target: registers its buffer, says where on stdout, and lives until stdin closes.
+    Returns what must stay alive until the process ends (without the engine's teardown)."""
     if engine == "mooncake":
         where, keep = mooncake_target(nbytes)
     else:
         where, keep = nixl_target(nbytes, backend)
     print(MARK + json.dumps(where), flush=True)
     sys.stdin.read()
-    del keep
+    return keep
+
+
+def target_address(target, engine):
+    """The target's MARK line, waited for at most MARK_WAIT_S; its stdout drained from then on
+    (the engines log there), so that it never blocks on a full pipe."""
+    import queue
+    import threading
+    lines = queue.Queue()
+
+    def drain():
+        for line in target.stdout:
+            lines.put(line)
+        lines.put(None)
+    threading.Thread(target=drain, daemon=True).start()
+    deadline = time.monotonic() + MARK_WAIT_S
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise RuntimeError(f"the {engine} target did not say where its buffer is within {MARK_WAIT_S} s")
+        if line is None:
+            raise RuntimeError(f"the {engine} target ended before it was ready (exit {target.wait()})")
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK):])
 
 
 def initiate(engine, backend, sizes, out):
@@ -167,16 +202,14 @@ def initiate(engine, backend, sizes, out):
                                "--bytes", str(max(sizes))],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        line = target.stdout.readline()
-        while line and not line.startswith(MARK):  # (the engines' own log lines)
-            line = target.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the {engine} target ended before it was ready (exit {target.wait()})")
-        where = json.loads(line[len(MARK):])
+        where = target_address(target, engine)
         rows = mooncake_initiator(where, sizes) if engine == "mooncake" else nixl_initiator(where, sizes, backend)
-    finally:
         target.stdin.close()
         target.wait(timeout=60)
+    finally:
+        if target.poll() is None:
+            target.kill()
+            target.wait()
     with open(out, "w") as f:
         json.dump(rows, f)
 
@@ -209,27 +242,35 @@ def installed(module):
 
 
 def run_rayfabric(provider, sizes, timeout, env_extra):
+    """rayfabric-bench, once per size (a fresh buffer each time), with the other engines' read
+    counts; its rows, or why not."""
     bin_dir = os.environ.get("RAYFABRIC_BIN_DIR", "build")
     exe = next((p for p in (os.path.join(bin_dir, "bench", "rayfabric-bench"), os.path.join(bin_dir, "rayfabric-bench"),
                             shutil.which("rayfabric-bench") or "") if p and os.path.exists(p)), None)
     if exe is None:
         return None, f"rayfabric-bench not found under RAYFABRIC_BIN_DIR={bin_dir} (build it: ninja -C build)"
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "rf.json")
-        cmd = [exe, "--provider", provider, "--op", "read", "--verify", "--sizes", ",".join(label(s) for s in sizes),
-               "--json", out]
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                               env=dict(os.environ, **env_extra))
-        except subprocess.TimeoutExpired:
-            return None, f"did not finish within {timeout} s"
-        if p.returncode != 0 or not os.path.exists(out):
-            tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
-            return None, f"failed (exit {p.returncode}): {tail[:300]}"
-        with open(out) as f:
-            report = json.load(f)
-    return [{"size": r["size"], "iters": r["iters"], "p50_us": r["p50_us"], "gbps": r["gbps"],
-             "verified": r["verified"]} for r in report["results"]], None
+    env = dict(os.environ, **env_extra)
+    if provider.startswith("tcp"):
+        env.setdefault("RAYFABRIC_DOMAIN", "lo")  # (127.0.0.1, as the others)
+    rows = []
+    for size in sizes:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "rf.json")
+            cmd = [exe, "--provider", provider, "--op", "read", "--verify", "--sizes", label(size),
+                   "--iters", str(reads_of(size)), "--json", out]
+            try:
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+            except subprocess.TimeoutExpired:
+                return None, f"did not finish within {timeout} s"
+            if p.returncode != 0 or not os.path.exists(out):
+                tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
+                return None, f"failed (exit {p.returncode}): {tail[:300]}"
+            with open(out) as f:
+                report = json.load(f)
+        r = report["results"][0]
+        rows.append({"size": r["size"], "iters": r["iters"], "p50_us": r["p50_us"], "gbps": r["gbps"],
+                     "verified": r["verified"], "domain": report["engine"].get("domain")})
+    return rows, None
 
 
 def nixl_libfabric_loads():
@@ -291,9 +332,9 @@ def main(argv=None):
     # The engines' processes end without the interpreter's teardown: NIXL 1.5.1 crashes in it
     # (after its rows are written), and it is not what is measured.
     if a.serve:
-        serve(a.serve, a.backend, a.bytes)
+        alive = serve(a.serve, a.backend, a.bytes)  # (until the process ends)
         sys.stdout.flush()
-        os._exit(0)
+        os._exit(0 if alive is not None else 1)
     sizes = [parse_size(s) for s in a.sizes.split(",")]
     if a.initiate:
         initiate(a.initiate, a.backend, sizes, a.out)
@@ -348,7 +389,8 @@ def main(argv=None):
             json.dump({"sizes": sizes, "host": os.uname().nodename, "cpus": os.cpu_count(),
                        "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "results": results}, f, indent=1)
     bad = [r for r in ran if not all(row["verified"] for row in r["rows"])]
-    return 1 if bad else 0
+    own_failed = [r for r in results if r["engine"] == "rayfabric" and not r["rows"]]
+    return 1 if bad or own_failed else 0
 
 
 if __name__ == "__main__":

@@ -176,9 +176,17 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::chrono::microseconds spin_{0};
   std::atomic<int64_t> last_activity_ns_{0};
   std::atomic<bool> sleeping_{false};
-  void NoteActivity() {
-    last_activity_ns_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
-                            std::memory_order_relaxed);
+  std::atomic<bool> repump_{false};  // blocked_, as the polling loop may read it without mu_
+  static int64_t NowNs() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  void NoteActivity() { last_activity_ns_.store(NowNs()); }
+  // Within spin_ of the latest post or completion.
+  bool Recent() const {
+    return NowNs() < last_activity_ns_.load() +
+                         std::chrono::duration_cast<std::chrono::nanoseconds>(spin_).count();
   }
 
   // Recursive: dropping the last reference to a region (inside a reaped transfer) deregisters it,

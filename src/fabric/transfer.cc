@@ -55,12 +55,13 @@ Status Transfer::Wait(std::chrono::milliseconds timeout) const {
   const bool forever = timeout == std::chrono::milliseconds::max();
   const auto deadline = forever ? Clock::time_point::max() : Clock::now() + timeout;
   Status first_failure;
+  // A short transfer completes within the spin more often than not: seen without a wake-up. One
+  // bound for all parts, from the start of the wait.
+  const auto spin_until = std::min(deadline, Clock::now() + parts_.front()->spin);
   for (const auto& state : parts_) {
     std::unique_lock<std::mutex> lock(state->wait_mu);
     if (!state->done && state->spin.count() > 0) {
-      // A short transfer completes within the spin more often than not: seen without a wake-up.
-      const auto until = std::min(deadline, Clock::now() + state->spin);
-      while (!state->done && Clock::now() < until) {
+      while (!state->done && Clock::now() < spin_until) {
         lock.unlock();
         sched_yield();
         lock.lock();
@@ -171,10 +172,14 @@ Result<Transfer> EngineCore::Start(RmaOp op, PeerId peer, const RemoteRegion& re
   t->spin = spin_;
   active_.push_back(t);
   PumpLocked(*t);
-  NoteActivity();
-  // (The progress thread looks at timeouts every kProgressWaitMs anyway.) Spinning, it is woken
+  // (The progress thread looks at timeouts every kProgressWaitMs anyway.) Polling, it is woken
   // while the operations fly, to poll for their completions.
-  if (blocked_ || (spin_.count() > 0 && sleeping_.load(std::memory_order_relaxed))) Wake();
+  bool wake = blocked_;
+  if (spin_.count() > 0) {
+    NoteActivity();
+    wake = wake || sleeping_.load();
+  }
+  if (wake) Wake();
   ReapLocked();
   return Transfer(t);
 }
@@ -249,6 +254,7 @@ void EngineCore::PumpLocked(TransferState& t) {
     }
     if (ret == -FI_EAGAIN) {
       blocked_ = true;  // queue full: the progress thread retries after reaping completions
+      repump_.store(true, std::memory_order_relaxed);
       return;
     }
     if (ret != 0) {
@@ -364,34 +370,36 @@ void EngineCore::ProgressLoop() {
     // Reading the CQ also drives the provider's progress, which is what lets remote peers'
     // one-sided operations on our memory complete on manual-progress providers.
     if (cq != nullptr) n = fi_cq_read(cq, entries, kCqBatch);
-    if (n == -FI_EAGAIN && cq != nullptr && spin_.count() > 0) {
+    if (n == -FI_EAGAIN && cq != nullptr && spin_.count() > 0 && !blocked) {
       // Shortly after activity: poll on (yielding), so that what completes next (a reply, the
-      // next request of a stream, a peer's read on manual progress) needs no wake-up.
-      const int64_t until = last_activity_ns_.load(std::memory_order_relaxed) +
-                            std::chrono::duration_cast<std::chrono::nanoseconds>(spin_).count();
-      while (n == -FI_EAGAIN && !stop_ && Clock::now().time_since_epoch().count() < until) {
+      // next request of a stream, a peer's read on manual progress) needs no wake-up. A post
+      // that could not go (repump_) ends it: the loop below posts it again.
+      while (n == -FI_EAGAIN && !stop_ && Recent() && !repump_.load(std::memory_order_relaxed)) {
         sched_yield();
         n = fi_cq_read(cq, entries, kCqBatch);
       }
     }
-    if (n > 0) NoteActivity();
+    if (n > 0 && spin_.count() > 0) NoteActivity();
     if (n == -FI_EAGAIN) {
       struct fid* cq_fid = cq != nullptr ? &cq->fid : nullptr;
       if ((cq_fd >= 0 || cq == nullptr) && !blocked) {
         // Nothing to do: block on the CQ's fd (and our wake fd) until the provider has work,
-        // at most kProgressWaitMs so that timeouts are checked.
-        if (cq == nullptr || fi_trywait(fabric_.get(), &cq_fid, 1) == FI_SUCCESS) {
+        // at most kProgressWaitMs so that timeouts are checked. (Said before activity is looked
+        // at again, as Start notes activity before it looks at sleeping_: a post in between is
+        // seen by one of the two, and either the thread polls on or the post wakes it.)
+        sleeping_.store(true);
+        const bool poll_on = spin_.count() > 0 && Recent();
+        if (!poll_on && (cq == nullptr || fi_trywait(fabric_.get(), &cq_fid, 1) == FI_SUCCESS)) {
           struct pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {cq_fd, POLLIN, 0}};
-          sleeping_.store(true, std::memory_order_relaxed);
           const int woke = poll(fds, cq_fd >= 0 ? 2 : 1, kProgressWaitMs);
-          sleeping_.store(false, std::memory_order_relaxed);
           if (woke > 0 && (fds[0].revents & POLLIN)) {
             uint64_t drained;
             if (read(wake_fd_, &drained, sizeof(drained)) < 0) drained = 0;
           }
           // Woken by the CQ: something arrived (a peer's request, a reply); poll on after it.
-          if (woke > 0) NoteActivity();
+          if (woke > 0 && spin_.count() > 0) NoteActivity();
         }
+        sleeping_.store(false);
       } else {
         sched_yield();  // no wait fd: poll (never sleep) so progress stays prompt
       }
@@ -417,6 +425,7 @@ void EngineCore::ProgressLoop() {
     }
     if (blocked_) {
       blocked_ = false;
+      repump_.store(false, std::memory_order_relaxed);
       for (auto& t : active_) PumpLocked(*t);
     }
     CheckTimeoutsLocked();
