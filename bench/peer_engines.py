@@ -217,13 +217,17 @@ def initiate(engine, backend, sizes, out):
 def run_python_engine(engine, backend, sizes, env_extra, timeout):
     """One engine's initiator in a process of its own (the engines' libraries never share one);
     its rows, or the reason it could not run."""
+    return run_for_json(lambda out: [sys.executable, os.path.abspath(__file__), "--initiate", engine,
+                                     "--backend", backend, "--sizes", ",".join(map(str, sizes)), "--out", out],
+                        dict(os.environ, **env_extra), timeout)
+
+
+def run_for_json(make_cmd, env, timeout):
+    """Runs make_cmd(path) and reads the JSON it wrote at path: (what it wrote, None) or (None, why)."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "rows.json")
-        env = dict(os.environ, **env_extra)
-        cmd = [sys.executable, os.path.abspath(__file__), "--initiate", engine, "--backend", backend,
-               "--sizes", ",".join(map(str, sizes)), "--out", out]
+        out = os.path.join(tmp, "out.json")
         try:
-            p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+            p = subprocess.run(make_cmd(out), env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return None, f"did not finish within {timeout} s"
         if p.returncode != 0 or not os.path.exists(out):
@@ -254,19 +258,11 @@ def run_rayfabric(provider, sizes, timeout, env_extra):
         env.setdefault("RAYFABRIC_DOMAIN", "lo")  # (127.0.0.1, as the others)
     rows = []
     for size in sizes:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "rf.json")
-            cmd = [exe, "--provider", provider, "--op", "read", "--verify", "--sizes", label(size),
-                   "--iters", str(reads_of(size)), "--json", out]
-            try:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-            except subprocess.TimeoutExpired:
-                return None, f"did not finish within {timeout} s"
-            if p.returncode != 0 or not os.path.exists(out):
-                tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
-                return None, f"failed (exit {p.returncode}): {tail[:300]}"
-            with open(out) as f:
-                report = json.load(f)
+        report, why = run_for_json(lambda out: [exe, "--provider", provider, "--op", "read", "--verify",
+                                                "--sizes", label(size), "--iters", str(reads_of(size)),
+                                                "--json", out], env, timeout)
+        if report is None:
+            return None, why
         r = report["results"][0]
         rows.append({"size": r["size"], "iters": r["iters"], "p50_us": r["p50_us"], "gbps": r["gbps"],
                      "verified": r["verified"], "domain": report["engine"].get("domain")})

@@ -50,6 +50,21 @@ bool Eventually(const std::function<bool()>& done, milliseconds bound = millisec
   return true;
 }
 
+// A TCP socket bound to a free loopback port, and that address (-1 if either failed).
+int BoundLoopbackSocket(sockaddr_in& addr) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  addr = sockaddr_in{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 struct Node {
   std::string name;
   std::shared_ptr<FakeStoreNode> store;
@@ -145,13 +160,9 @@ TEST_F(AgentSeams, FailsOverToTheNextProviderWhenReadsFail) {
       "reader",
       {{"provider", "tcp;ofi_rxm,sockets"}, {"op_timeout_ms", "300"}, {"drain_timeout_ms", "200"}});
   // A port nobody listens on: the source's tcp address, as the reader is told it, leads nowhere.
-  const int probe = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in closed{};
-  closed.sin_family = AF_INET;
-  closed.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(closed);
-  ASSERT_EQ(bind(probe, reinterpret_cast<sockaddr*>(&closed), sizeof(closed)), 0);
-  ASSERT_EQ(getsockname(probe, reinterpret_cast<sockaddr*>(&closed), &len), 0);
+  const int probe = BoundLoopbackSocket(closed);
+  ASSERT_GE(probe, 0);
   close(probe);
   network_->tamper_lease = [closed](const std::string&, v1::LeaseReply& reply) {
     if (reply.provider() != "tcp;ofi_rxm") return;
@@ -404,14 +415,10 @@ TEST(GrpcPeerCallsTest, AServerWithoutThePeerServiceIsAVersionMismatch) {
 // that is not there), or as soon as its caller goes away (said as cancelled, not as the peer's
 // fault).
 TEST(GrpcPeerCallsTest, ASilentPeerEndsAtTheBoundOrWhenTheCallerLeaves) {
-  const int listener = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const int listener = BoundLoopbackSocket(addr);
+  ASSERT_GE(listener, 0);
   ASSERT_EQ(listen(listener, 16), 0);  // connections complete in the backlog; nobody speaks
-  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
   const std::string address = Loopback(ntohs(addr.sin_port));
   GrpcPeerCalls peers(Credentials::Insecure());
   // (gRPC keeps connecting to such a peer for its connect timeout, 20 s: both calls below end
