@@ -272,7 +272,6 @@ void EngineCore::ResetEndpointLocked(const std::string& why) {
   }
   active_.clear();
   blocked_ = false;
-  repump_.store(false, std::memory_order_relaxed);
   for (Peer& p : peer_table_) p.broken = true;
   mapped_raw_keys_.clear();
   Status s = OpenEndpointLocked(eps_);

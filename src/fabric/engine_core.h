@@ -176,7 +176,6 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::chrono::microseconds spin_{0};
   std::atomic<int64_t> last_activity_ns_{0};
   std::atomic<bool> sleeping_{false};
-  std::atomic<bool> repump_{false};  // blocked_, as the polling loop may read it without mu_
   static int64_t NowNs() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
                std::chrono::steady_clock::now().time_since_epoch())
@@ -193,7 +192,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // which takes this lock again on the same thread.
   mutable std::recursive_mutex mu_;
   std::vector<std::shared_ptr<TransferState>> active_;
-  bool blocked_ = false;  // some post returned FI_EAGAIN: poll instead of blocking
+  // Some post returned FI_EAGAIN: poll instead of blocking. Written under mu_; atomic because
+  // the progress thread's polling loop reads it without.
+  std::atomic<bool> blocked_{false};
   // PeerId indexes peer_table_; the fi_addr behind it changes when a broken connection is
   // re-established (some providers tear a connection down after any error on it) and after an
   // endpoint reset (then the peer is not in the new address vector until it is used again).

@@ -254,7 +254,6 @@ void EngineCore::PumpLocked(TransferState& t) {
     }
     if (ret == -FI_EAGAIN) {
       blocked_ = true;  // queue full: the progress thread retries after reaping completions
-      repump_.store(true, std::memory_order_relaxed);
       return;
     }
     if (ret != 0) {
@@ -373,8 +372,9 @@ void EngineCore::ProgressLoop() {
     if (n == -FI_EAGAIN && cq != nullptr && spin_.count() > 0 && !blocked) {
       // Shortly after activity: poll on (yielding), so that what completes next (a reply, the
       // next request of a stream, a peer's read on manual progress) needs no wake-up. A post
-      // that could not go (repump_) ends it: the loop below posts it again.
-      while (n == -FI_EAGAIN && !stop_ && Recent() && !repump_.load(std::memory_order_relaxed)) {
+      // that could not go (blocked_, read here without the lock) ends it: the loop below posts
+      // it again.
+      while (n == -FI_EAGAIN && !stop_ && Recent() && !blocked_.load(std::memory_order_relaxed)) {
         sched_yield();
         n = fi_cq_read(cq, entries, kCqBatch);
       }
@@ -425,7 +425,6 @@ void EngineCore::ProgressLoop() {
     }
     if (blocked_) {
       blocked_ = false;
-      repump_.store(false, std::memory_order_relaxed);
       for (auto& t : active_) PumpLocked(*t);
     }
     CheckTimeoutsLocked();
