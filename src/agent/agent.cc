@@ -4,19 +4,14 @@
 
 #include <algorithm>
 #include <chrono>
-#include <set>
-#include <system_error>
 
+#include "rayfabric/hex.h"
 #include "rayfabric/log.h"
-#include "rayfabric/memory.h"
 
-// The agent: what it is made of (its fabrics, store connections, lease table, puller), its
-// lifetime, the store segments it keeps registered, and what it reports. What it serves to peers
-// is in lease_server.cc; what it fetches from them, in puller.cc.
+// The agent: what it is made of, its lifetime, and what it reports. What it serves to peers is
+// the LeaseServer's (lease_server.cc); what it fetches from them, the Puller's (puller.cc).
 namespace rayfabric::agent {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 constexpr auto kReleaseDrain = std::chrono::seconds(2);
 
@@ -55,101 +50,53 @@ Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options, AgentSeams seam
                            std::to_string(serve_store->memory_capacity()) +
                            " bytes): give a size (e.g. 8G) or a larger share");
   }
-  RF_ASSIGN_OR_RETURN(bool allow_unprotected, options.config.GetBool("allow_unprotected_memory"));
-  const std::string exposure = options.config.GetString("exposure");
-  fabric::EngineOptions engine_options;
-  engine_options.preferred_ip = options.listen_host;
-  RF_ASSIGN_OR_RETURN(uint64_t stripe_min, options.config.GetBytes("stripe_min"));
-  RF_ASSIGN_OR_RETURN(auto engines, fabric::Engine::OpenAll(options.config, engine_options));
-  std::vector<Fabric> fabrics;
-  for (auto& engine : engines) {
-    const fabric::ProviderProfile& profile = engine->profile();
-    if (!profile.enforces_access && !allow_unprotected) {
-      return PermissionDenied(
-          "provider " + profile.provider + " does not enforce registration access (" +
-          profile.access_note +
-          "): peers holding or guessing a key could write this node's object store. Set "
-          "FI_MR_CACHE_MONITOR=disabled for the agent (verbs/efa), choose another provider, or "
-          "accept the risk with RAYFABRIC_ALLOW_UNPROTECTED_MEMORY=true");
-    }
-    // A further domain of the provider just opened: one more rail of that fabric.
-    if (!fabrics.empty() && fabrics.back().provider() == profile.provider) {
-      RF_LOG(kInfo, "fabric " << profile.provider << "/" << profile.domain << ": rail "
-                              << fabrics.back().rails.size() + 1 << " of "
-                              << fabrics.back().engine().profile().domain);
-      fabrics.back().rails.push_back(std::move(engine));
-      fabrics.back().segments.emplace_back();
-      continue;
-    }
-    if (!profile.enforces_access) {
-      RF_LOG(kWarn, "serving plasma memory on "
-                        << profile.provider << " although it does not enforce access ("
-                        << profile.access_note << "): allowed by allow_unprotected_memory");
-    }
-    // What a lease exposes: by default, what a registration costs on this provider decides.
-    Fabric fab;
-    fab.exposure = exposure == "object" || (exposure == "auto" && !profile.rdma) ? Exposure::kObject
-                                                                                 : Exposure::kArena;
-    if (fab.exposure == Exposure::kObject && !profile.deregistration_revokes_keys) {
-      RF_LOG(kWarn, "exposure=object on " << profile.provider << ": a lease's key may outlive its "
-                                          << "release (" << profile.key_lifetime << ")");
-    }
-    RF_LOG(kInfo, "fabric " << profile.provider << "/" << profile.domain << ": exposure "
-                            << (fab.exposure == Exposure::kObject
-                                    ? "object (a key per lease, for its bytes only)"
-                                    : "arena (one read-only key for the store)")
-                            << (exposure == "auto" ? " (auto, from the provider)" : ""));
-    fab.rails.push_back(std::move(engine));
-    fab.segments.emplace_back();
-    fabrics.push_back(std::move(fab));
-  }
-  auto agent = std::unique_ptr<Agent>(new Agent(std::move(options), std::move(seams),
-                                                std::move(serve_store), std::move(pull_store),
-                                                std::move(fabrics), max_lease_bytes_per_peer));
-  agent->stripe_min_ = stripe_min;
-  return agent;
+  RF_ASSIGN_OR_RETURN(auto fabrics, NodeFabrics::Open(options.config, options.listen_host));
+  return std::unique_ptr<Agent>(new Agent(std::move(options), std::move(seams),
+                                          std::move(serve_store), std::move(pull_store),
+                                          std::move(fabrics), max_lease_bytes_per_peer));
 }
 
 Agent::Agent(AgentOptions options, AgentSeams seams, StorePtr serve_store, StorePtr pull_store,
-             std::vector<Fabric> fabrics, uint64_t max_lease_bytes_per_peer)
-    : options_(std::move(options)),
-      connect_store_(std::move(seams.connect_store)),
-      peers_(std::move(seams.peers)),
-      serve_store_(std::move(serve_store)),
-      pull_store_(std::move(pull_store)),
-      fabrics_(std::move(fabrics)),
-      leases_(static_cast<size_t>(options_.config.GetInt("max_leases").value()),
-              max_lease_bytes_per_peer),
-      default_ttl_(options_.config.GetInt("lease_ttl_ms").value()),
-      max_ttl_(options_.config.GetInt("max_lease_ttl_ms").value()),
-      create_timeout_ms_(options_.config.GetInt("create_timeout_ms").value()),
-      op_timeout_ms_(options_.config.GetInt("op_timeout_ms").value()),
-      drain_timeout_ms_(options_.config.GetInt("drain_timeout_ms").value()) {
+             std::unique_ptr<NodeFabrics> fabrics, uint64_t max_lease_bytes_per_peer)
+    : options_(std::move(options)), peers_(std::move(seams.peers)), fabrics_(std::move(fabrics)) {
+  const Config& config = options_.config;  // validated by Open
   StoreWarmer::Options warm;
-  warm.background = options_.config.GetBool("warm_store").value();  // checked by Open
+  warm.background = config.GetBool("warm_store").value();
   warmer_ = std::make_unique<StoreWarmer>(warm, [this] {
-    if (leases_.active() > 0) return true;  // peers may be reading this node's objects
-    std::lock_guard<std::mutex> lock(in_flight_mu_);
-    return !in_flight_.empty();
+    if (!ready_.load(std::memory_order_acquire)) return false;
+    // Peers may be reading this node's objects, or a pull reads into it.
+    return lease_server_->active() > 0 || puller_->busy();
   });
+  stores_ = std::make_unique<StoreConnections>(
+      std::move(seams.connect_store), serve_store, pull_store, counters_,
+      [this](const plasma::SegmentInfo& s) { OnSegmentMapped(s); },
+      [this](const plasma::SegmentInfo& s) { OnSegmentUnmapped(s); });
   // Segments mapped while Open checked the store are added here, later ones by the callback.
-  for (const StorePtr& store : {serve_store_, pull_store_}) {
+  for (const StorePtr& store : {serve_store, pull_store}) {
     for (const plasma::SegmentInfo& s : store->Segments()) OnSegmentMapped(s);
   }
-  WatchSegments(*serve_store_);
-  WatchSegments(*pull_store_);
   releases_ = std::make_unique<ReleaseQueue>(*peers_);
-  // (Should this throw, releases_ stops as the members go.)
+  LeaseServer::Options serve;
+  serve.max_leases = static_cast<size_t>(config.GetInt("max_leases").value());
+  serve.max_lease_bytes_per_peer = max_lease_bytes_per_peer;
+  serve.default_ttl = std::chrono::milliseconds(config.GetInt("lease_ttl_ms").value());
+  serve.max_ttl = std::chrono::milliseconds(config.GetInt("max_lease_ttl_ms").value());
+  lease_server_ = std::make_unique<LeaseServer>(serve, *fabrics_, *stores_, counters_);
+  Puller::Options pull;
+  pull.requester = BytesToHex(options_.node_id);
+  pull.create_timeout_ms = config.GetInt("create_timeout_ms").value();
+  pull.op_timeout_ms = config.GetInt("op_timeout_ms").value();
+  pull.drain_timeout_ms = config.GetInt("drain_timeout_ms").value();
+  puller_ = std::make_unique<Puller>(std::move(pull), *fabrics_, *stores_, *peers_, *releases_,
+                                     *warmer_, counters_);
+  ready_.store(true, std::memory_order_release);
+  // (Should this throw, the components stop as the members go.)
   sweeper_ = std::thread([this] { SweepLoop(); });
 }
 
 Agent::~Agent() {
-  {
-    // Early-answered Pulls still reading: cut short (they stop at their next step) and waited for.
-    std::unique_lock<std::mutex> lock(background_mu_);
-    stopping_pulls_ = true;
-    background_cv_.wait(lock, [this] { return background_pulls_ == 0; });
-  }
+  // Early-answered Pulls still reading: cut short and waited for.
+  puller_->StopBackgroundPulls();
   // Queued releases are still started; those unanswered after the bound are cancelled (such a
   // source must not hold the agent's exit: its leases expire there anyway).
   releases_->Stop(kReleaseDrain);
@@ -159,48 +106,15 @@ Agent::~Agent() {
   }
   sweep_cv_.notify_all();
   sweeper_.join();
-  for (const LeasedObject& o : leases_.TakeAll()) Unpin(o);
-  // The fabric endpoint closes first (no read can land any more, quarantined ones included);
+  lease_server_->UnpinAll();
+  // The fabric endpoints close first (no read can land any more, quarantined ones included);
   // then the store connections go (the store aborts what is unsealed), while everything their
   // unmap callbacks touch is still alive.
-  for (Fabric& fab : fabrics_) {
-    for (auto& rail : fab.rails) rail.reset();
-  }
-  {
-    std::lock_guard<std::mutex> lock(quarantine_mu_);
-    quarantine_.clear();
-  }
-  {
-    std::lock_guard<std::mutex> lock(stores_mu_);
-    retired_serve_.clear();
-    serve_store_.reset();
-    pull_store_.reset();
-  }
-  {
-    std::lock_guard<std::mutex> lock(regions_mu_);
-    for (Fabric& fab : fabrics_) fab.segments.clear();  // every rail's
-  }
+  fabrics_->CloseEngines();
+  puller_->ClearQuarantine();
+  stores_->CloseAll();
+  fabrics_->ForgetAll();
   warmer_.reset();  // its thread stops; no store connection is left to report an unmap
-}
-
-Agent::Fabric* Agent::FabricFor(const std::string& provider) {
-  for (Fabric& fab : fabrics_) {
-    if (fab.provider() == provider) return &fab;
-  }
-  return nullptr;
-}
-
-std::string Agent::FabricList() const {
-  std::string out;
-  for (const Fabric& fab : fabrics_) {
-    out += (out.empty() ? "" : ", ") + fab.provider() + "/" + fab.engine().profile().domain;
-  }
-  return out;
-}
-
-void Agent::WatchSegments(LocalStore& store) {
-  store.SetSegmentCallbacks([this](const plasma::SegmentInfo& s) { OnSegmentMapped(s); },
-                            [this](const plasma::SegmentInfo& s) { OnSegmentUnmapped(s); });
 }
 
 void Agent::OnSegmentMapped(const plasma::SegmentInfo& segment) {
@@ -208,77 +122,10 @@ void Agent::OnSegmentMapped(const plasma::SegmentInfo& segment) {
   if (warmer_ && !segment.fallback) warmer_->Add(segment.base, segment.size, segment.fd);
 }
 
-Result<Agent::StorePtr> Agent::ConnectStore() {
-  RF_ASSIGN_OR_RETURN(StorePtr store, connect_store_());
-  WatchSegments(*store);
-  return store;
-}
-
-Agent::StorePtr Agent::ServeStore(uint64_t* generation) {
-  std::lock_guard<std::mutex> lock(stores_mu_);
-  if (!serve_store_->healthy()) {
-    auto fresh = ConnectStore();
-    if (fresh.ok()) {
-      // The old connection holds the pins of the leases granted on it: it is retired, not closed,
-      // and stays open (so its pins stay) until none of its leases is left and nobody uses it
-      // (SweepRetiredStores). Readers of those leases go on safely until their TTL.
-      StorePtr old = std::exchange(serve_store_, *fresh);
-      retired_serve_.push_back({serve_generation_, std::move(old)});
-      ++serve_generation_;
-      counters_.Add(Count::kStoreReconnects);
-      RF_LOG(kWarn,
-             "serving store connection replaced after an error; the old one is kept open "
-             "until its leases end");
-    } else {
-      RF_LOG(kWarn, "reconnecting to the store failed: " << fresh.status());
-    }
-  }
-  if (generation != nullptr) *generation = serve_generation_;
-  return serve_store_;
-}
-
-Agent::StorePtr Agent::PullStore() {
-  std::lock_guard<std::mutex> lock(stores_mu_);
-  if (!pull_store_->healthy()) {
-    auto fresh = ConnectStore();
-    if (fresh.ok()) {
-      // In-flight pulls keep the old connection (and their replicas) until their reads drained.
-      pull_store_ = *fresh;
-      counters_.Add(Count::kStoreReconnects);
-      RF_LOG(kWarn, "pulling store connection replaced after an error");
-    } else {
-      RF_LOG(kWarn, "reconnecting to the store failed: " << fresh.status());
-    }
-  }
-  return pull_store_;
-}
-
-void Agent::SweepRetiredStores() {
-  std::vector<StorePtr> closing;
-  {
-    std::lock_guard<std::mutex> lock(stores_mu_);
-    for (auto it = retired_serve_.begin(); it != retired_serve_.end();) {
-      // Nobody else holds it (a lease batch granting on it would) and no lease of it is left.
-      if (it->second.use_count() == 1 && !leases_.HoldsGeneration(it->first)) {
-        closing.push_back(std::move(it->second));
-        it = retired_serve_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  // Closed outside the lock (the store then drops that connection's pins).
-  if (!closing.empty()) RF_LOG(kInfo, closing.size() << " retired store connection(s) closed");
-}
-
 void Agent::OnSegmentUnmapped(const plasma::SegmentInfo& segment) {
   if (warmer_) warmer_->Remove(segment.base);  // it maps no page of it any more
-  // Runs before the segment is unmapped: drop our registration so that no stale region can be
-  // found at this address again.
-  std::lock_guard<std::mutex> lock(regions_mu_);
-  for (Fabric& fab : fabrics_) {
-    for (auto& segments : fab.segments) segments.erase(segment.base);
-  }
+  // Runs before the segment is unmapped.
+  fabrics_->Forget(segment.base);
 }
 
 v1::InfoReply Agent::Info() const {
@@ -287,12 +134,12 @@ v1::InfoReply Agent::Info() const {
   info.set_agent_version("0.1.0");
   info.set_ray_version(options_.ray_version);
   info.set_node_id(options_.node_id);
-  const fabric::Engine& best = fabrics_.front().engine();
+  const fabric::Engine& best = fabrics_->best().engine();
   info.set_provider(best.profile().provider);
   info.set_domain(best.profile().domain);
   info.set_fabric_address(best.Address().bytes);
   info.set_provider_reason(best.report().reason);
-  for (const Fabric& fab : fabrics_) {
+  for (const Fabric& fab : fabrics_->all()) {
     v1::FabricInfo* f = info.add_fabrics();
     const fabric::FabricAddress address = fab.engine().Address();
     f->set_provider(address.provider);
@@ -309,8 +156,8 @@ v1::InfoReply Agent::Info() const {
   info.set_pid(static_cast<int32_t>(getpid()));
   info.set_token_auth(options_.credentials.token_required());
   info.set_tls(options_.credentials.tls());
-  info.set_exposure(WireExposure(fabrics_.front().exposure));
-  info.set_max_lease_ttl_ms(static_cast<uint32_t>(max_ttl_.count()));
+  info.set_exposure(WireExposure(fabrics_->best().exposure));
+  info.set_max_lease_ttl_ms(static_cast<uint32_t>(lease_server_->max_ttl().count()));
   return info;
 }
 
@@ -318,22 +165,11 @@ void Agent::SweepLoop() {
   std::unique_lock<std::mutex> lock(sweep_mu_);
   while (!stopping_) {
     sweep_cv_.wait_for(lock, std::chrono::milliseconds(100));
-    for (const LeasedObject& o : leases_.TakeExpired()) {
-      counters_.Add(Count::kLeasesExpired);
-      RF_LOG(kWarn, "lease on object " << o.object.Hex() << " expired unreleased: unpinned");
-      Unpin(o);
-    }
-    SweepQuarantine();
-    ReapAbandonedCreates();
-    SweepRetiredStores();
+    lease_server_->ExpireLeases();
+    puller_->Sweep();
+    stores_->SweepRetired(
+        [this](uint64_t generation) { return lease_server_->HoldsGeneration(generation); });
   }
-}
-
-std::string VersionRefusal(uint32_t version, const char* rpc) {
-  if (version == kProtocolVersion) return "";
-  return std::string(rpc) + ": protocol_version " + std::to_string(version) +
-         " is not spoken by this agent (it speaks " + std::to_string(kProtocolVersion) +
-         "); run the same rayfabric version on every node";
 }
 
 v1::StatusReply Agent::GetStatus() const {
@@ -343,10 +179,10 @@ v1::StatusReply Agent::GetStatus() const {
   const auto set = [&counts](Count count, uint64_t value) {
     counts[static_cast<size_t>(count)] = value;
   };
-  set(Count::kLeasesActive, leases_.active());
-  set(Count::kPinnedBytes, leases_.pinned_bytes());
+  set(Count::kLeasesActive, lease_server_->active());
+  set(Count::kPinnedBytes, lease_server_->pinned_bytes());
   fabric::EngineStats stats;
-  for (const Fabric& fab : fabrics_) {
+  for (const Fabric& fab : fabrics_->all()) {
     for (size_t k = 0; k < fab.rails.size(); ++k) {
       const fabric::EngineStats one = fab.rails[k]->stats();
       stats.bytes_read += one.bytes_read;
@@ -372,8 +208,7 @@ v1::StatusReply Agent::GetStatus() const {
     f->set_reason(reason);
     f->set_objects(objects);
   }
-  std::lock_guard<std::mutex> lock(links_mu_);
-  for (const auto& [source, link] : links_) *s.add_peer_links() = link;
+  puller_->LinksInto(s);
   return s;
 }
 

@@ -1,9 +1,10 @@
-#include "agent/agent.h"
+#include "agent/lease_server.h"
 
 #include <algorithm>
 #include <chrono>
 #include <set>
 
+#include "agent/wire.h"
 #include "rayfabric/log.h"
 #include "rayfabric/object_id.h"
 
@@ -19,7 +20,27 @@ constexpr size_t kLeaseBatch = 4096;
 
 }  // namespace
 
-void Agent::DropLeaseRegion(uint64_t lease_id) {
+LeaseServer::LeaseServer(Options options, NodeFabrics& fabrics, StoreConnections& stores,
+                         Counters& counters)
+    : options_(options),
+      fabrics_(fabrics),
+      stores_(stores),
+      counters_(counters),
+      leases_(options.max_leases, options.max_lease_bytes_per_peer) {}
+
+void LeaseServer::ExpireLeases() {
+  for (const LeasedObject& o : leases_.TakeExpired()) {
+    counters_.Add(Count::kLeasesExpired);
+    RF_LOG(kWarn, "lease on object " << o.object.Hex() << " expired unreleased: unpinned");
+    Unpin(o);
+  }
+}
+
+void LeaseServer::UnpinAll() {
+  for (const LeasedObject& o : leases_.TakeAll()) Unpin(o);
+}
+
+void LeaseServer::DropLeaseRegion(uint64_t lease_id) {
   std::vector<fabric::RegisteredRange> ranges;  // one per rail
   {
     std::lock_guard<std::mutex> lock(lease_regions_mu_);
@@ -31,40 +52,18 @@ void Agent::DropLeaseRegion(uint64_t lease_id) {
   ranges.clear();  // deregistered here, outside the lock: their keys stop working
 }
 
-void Agent::Unpin(const LeasedObject& object) {
+void LeaseServer::Unpin(const LeasedObject& object) {
   // The lease's own key first (object exposure), then the pin: never a live key on memory the
   // store may reuse.
   DropLeaseRegion(object.lease_id);
   uint64_t generation = 0;
-  StorePtr store = ServeStore(&generation);
+  StorePtr store = stores_.Serve(&generation);
   // A lease of a retired (broken) connection: its pin goes when that connection is closed, once
   // none of its leases is left (SweepRetiredStores).
   if (object.store_generation == generation) (void)store->Release(object.object);
 }
 
-Result<fabric::RegisteredRange> Agent::RegionFor(Fabric& fab, size_t rail, uint8_t* base,
-                                                 size_t size) {
-  std::lock_guard<std::mutex> lock(regions_mu_);
-  std::map<uint8_t*, Registered>& segments = fab.segments[rail];
-  auto it = segments.find(base);
-  if (it != segments.end() && it->second.range.Contains(base, size)) return it->second.range;
-  // The whole segment (the store's arena: every later object in it is served or filled with no
-  // new registration), with exactly what the two sides need: this process's fi_read writes
-  // replicas into it (pulling), and with arena exposure peers may read it (serving). Never remote
-  // write.
-  const uint32_t access = fab.exposure == Exposure::kArena
-                              ? fabric::kLocalRead | fabric::kRemoteRead
-                              : fabric::kLocalRead;
-  // Private: this map is the cache, and it forgets a segment when it is unmapped; the engine's
-  // own cache could hand back a registration of memory unmapped since (a new segment mapped at
-  // the same address), still alive while a transfer holds it.
-  RF_ASSIGN_OR_RETURN(
-      auto range, fab.rails[rail]->RegisterRange(base, size, access, fabric::Sharing::kPrivate));
-  segments[base] = Registered{range};
-  return range;
-}
-
-void Agent::RefuseLease(v1::Lease& lease, const Status& why) {
+void LeaseServer::RefuseLease(v1::Lease& lease, const Status& why) {
   counters_.Add(Count::kLeasesRefused);
   lease.set_error_code(ToErrorCode(why.code()));
   lease.set_error(why.message());
@@ -88,13 +87,14 @@ void DescribeSlices(const fabric::RegisteredRange& range, const uint8_t* data, u
 }
 }  // namespace
 
-void Agent::GrantLease(Fabric& fab, size_t rails, v1::Lease& lease, const ObjectId& id,
-                       const plasma::ObjectBuffer& obj, std::chrono::milliseconds ttl,
-                       const std::string& requester, LocalStore& store, uint64_t generation) {
+void LeaseServer::GrantLease(Fabric& fab, size_t rails, v1::Lease& lease, const ObjectId& id,
+                             const plasma::ObjectBuffer& obj, std::chrono::milliseconds ttl,
+                             const std::string& requester, LocalStore& store, uint64_t generation) {
   // `obj` is pinned by our Get: every refusal below unpins it.
   const uint64_t bytes = obj.data_size + obj.metadata_size;
   // Described on as many rails as the reader will stripe it across (one for a small object).
-  const size_t described = fabric::RailsFor(bytes, std::min(rails, fab.rails.size()), stripe_min_);
+  const size_t described =
+      fabric::RailsFor(bytes, std::min(rails, fab.rails.size()), fabrics_.stripe_min());
   std::vector<fabric::RegisteredRange> regions;
   for (size_t rail = 0; rail < described; ++rail) {
     // Object exposure: a registration of this object's bytes alone (in slices if it is larger
@@ -104,7 +104,7 @@ void Agent::GrantLease(Fabric& fab, size_t rails, v1::Lease& lease, const Object
         fab.exposure == Exposure::kObject
             ? fab.rails[rail]->RegisterRange(obj.data, bytes, fabric::kRemoteRead,
                                              fabric::Sharing::kPrivate)
-            : RegionFor(fab, rail, obj.segment_base, obj.segment_size);
+            : fabrics_.RegionFor(fab, rail, obj.segment_base, obj.segment_size);
     if (region.ok()) {
       regions.push_back(std::move(*region));
       continue;
@@ -153,12 +153,12 @@ void Agent::GrantLease(Fabric& fab, size_t rails, v1::Lease& lease, const Object
   lease.set_expires_in_ms(static_cast<uint64_t>(ttl.count()));
 }
 
-void Agent::LeaseBatch(Fabric& fab, size_t rails, v1::LeaseReply& reply,
-                       const std::vector<int>& indices, const std::vector<ObjectId>& ids,
-                       std::chrono::milliseconds ttl, const std::string& requester) {
+void LeaseServer::LeaseBatch(Fabric& fab, size_t rails, v1::LeaseReply& reply,
+                             const std::vector<int>& indices, const std::vector<ObjectId>& ids,
+                             std::chrono::milliseconds ttl, const std::string& requester) {
   if (indices.empty()) return;
   uint64_t generation = 0;
-  StorePtr store = ServeStore(&generation);
+  StorePtr store = stores_.Serve(&generation);
   // One store round trip for the whole batch. If the store refuses the batch (it validates
   // every id), each object is asked alone so that only the bad one is refused.
   std::optional<std::vector<plasma::ObjectBuffer>> pinned;
@@ -185,27 +185,28 @@ void Agent::LeaseBatch(Fabric& fab, size_t rails, v1::LeaseReply& reply,
   }
 }
 
-v1::LeaseReply Agent::Lease(const v1::LeaseRequest& request, const std::string& requester) {
+v1::LeaseReply LeaseServer::Lease(const v1::LeaseRequest& request, const std::string& requester) {
   const Clock::time_point started = Clock::now();
   v1::LeaseReply reply = LeaseAll(request, requester);
   reply.set_served_s(std::chrono::duration<double>(Clock::now() - started).count());
   return reply;
 }
 
-v1::LeaseReply Agent::LeaseAll(const v1::LeaseRequest& request, const std::string& requester) {
+v1::LeaseReply LeaseServer::LeaseAll(const v1::LeaseRequest& request,
+                                     const std::string& requester) {
   v1::LeaseReply reply;
   // The best of this node's fabrics that the reader speaks too (an older reader lists none: the
   // best one).
   std::vector<std::string> mine;
-  for (const Fabric& candidate : fabrics_) mine.push_back(candidate.provider());
+  for (const Fabric& candidate : fabrics_.all()) mine.push_back(candidate.provider());
   const std::vector<std::string> theirs(request.reader_providers().begin(),
                                         request.reader_providers().end());
   Fabric* fab = nullptr;
   size_t reader_rails = 1;
   if (theirs.empty()) {
-    fab = &fabrics_.front();
+    fab = &fabrics_.all().front();
   } else if (const int chosen = fabric::ChooseShared(mine, theirs); chosen >= 0) {
-    fab = &fabrics_[static_cast<size_t>(chosen)];
+    fab = &fabrics_.all()[static_cast<size_t>(chosen)];
     for (int i = 0; i < request.reader_providers_size(); ++i) {
       if (request.reader_providers(i) == fab->provider() && i < request.reader_rails_size() &&
           request.reader_rails(i) > 1) {
@@ -219,7 +220,7 @@ v1::LeaseReply Agent::LeaseAll(const v1::LeaseRequest& request, const std::strin
       theirs += (theirs.empty() ? "" : ", ") + provider;
     }
     const Status none =
-        Unavailable("no fabric in common: this node speaks " + FabricList() + ", the reader (" +
+        Unavailable("no fabric in common: this node speaks " + fabrics_.List() + ", the reader (" +
                     requester + ") " + theirs + "; this pair of nodes uses Ray's own transfer");
     for (int i = 0; i < request.object_ids_size(); ++i) {
       v1::Lease* lease = reply.add_leases();
@@ -243,8 +244,9 @@ v1::LeaseReply Agent::LeaseAll(const v1::LeaseRequest& request, const std::strin
     out->set_address(rail.bytes);
   }
   // A reader asks for as long as its pull may take; no longer than max_lease_ttl_ms.
-  auto ttl = request.ttl_ms() > 0 ? std::chrono::milliseconds(request.ttl_ms()) : default_ttl_;
-  ttl = std::min(ttl, max_ttl_);
+  auto ttl =
+      request.ttl_ms() > 0 ? std::chrono::milliseconds(request.ttl_ms()) : options_.default_ttl;
+  ttl = std::min(ttl, options_.max_ttl);
   // Distinct ids in batches (the store pins an object once per Get; a request may list one id
   // twice and get two leases).
   std::vector<int> batch;
@@ -273,7 +275,7 @@ v1::LeaseReply Agent::LeaseAll(const v1::LeaseRequest& request, const std::strin
   return reply;
 }
 
-v1::ReleaseReply Agent::Release(const v1::ReleaseRequest& request) {
+v1::ReleaseReply LeaseServer::Release(const v1::ReleaseRequest& request) {
   v1::ReleaseReply reply;
   for (const v1::LeaseRef& ref : request.leases()) {
     auto released = leases_.Release(ref.lease_id(), ref.token());

@@ -1,4 +1,6 @@
-#include "agent/agent.h"
+#include "agent/puller.h"
+
+#include <thread>
 
 #include <algorithm>
 #include <chrono>
@@ -7,6 +9,7 @@
 #include <set>
 #include <system_error>
 
+#include "agent/wire.h"
 #include "rayfabric/hex.h"
 #include "rayfabric/log.h"
 #include "rayfabric/memory.h"
@@ -79,7 +82,7 @@ Status ParseSlices(const v1::Lease& lease, uint64_t size, std::vector<fabric::Re
 }  // namespace
 
 // One object of a Pull: its request, its result, and what it holds while in flight.
-struct Agent::PullJob {
+struct Puller::PullJob {
   size_t index = 0;  // in the Pull's items
   const v1::PullItem* item = nullptr;
   v1::PullResult* result = nullptr;
@@ -98,8 +101,44 @@ struct Agent::PullJob {
   Clock::time_point lease_expires;  // by our clock, counted from before the lease was asked
 };
 
-void Agent::ReapAbandonedCreates() {
-  StorePtr store = PullStore();
+Puller::Puller(Options options, NodeFabrics& fabrics, StoreConnections& stores, PeerCalls& peers,
+               ReleaseQueue& releases, StoreWarmer& warmer, Counters& counters)
+    : options_(std::move(options)),
+      fabrics_(fabrics),
+      stores_(stores),
+      peers_(peers),
+      releases_(releases),
+      warmer_(warmer),
+      counters_(counters) {}
+
+void Puller::Sweep() {
+  SweepQuarantine();
+  ReapAbandonedCreates();
+}
+
+bool Puller::busy() {
+  std::lock_guard<std::mutex> lock(in_flight_mu_);
+  return !in_flight_.empty();
+}
+
+void Puller::LinksInto(v1::StatusReply& out) const {
+  std::lock_guard<std::mutex> lock(links_mu_);
+  for (const auto& [source, link] : links_) *out.add_peer_links() = link;
+}
+
+void Puller::StopBackgroundPulls() {
+  std::unique_lock<std::mutex> lock(background_mu_);
+  stopping_pulls_ = true;
+  background_cv_.wait(lock, [this] { return background_pulls_ == 0; });
+}
+
+void Puller::ClearQuarantine() {
+  std::lock_guard<std::mutex> lock(quarantine_mu_);
+  quarantine_.clear();
+}
+
+void Puller::ReapAbandonedCreates() {
+  StorePtr store = stores_.Pull();
   if (store->abandoned_creates() == 0) return;
   auto aborted = store->ReapAbandonedCreates();
   if (aborted.ok() && *aborted > 0) {
@@ -109,7 +148,7 @@ void Agent::ReapAbandonedCreates() {
   }
 }
 
-void Agent::SweepQuarantine() {
+void Puller::SweepQuarantine() {
   std::vector<Quarantined> drained;
   {
     std::lock_guard<std::mutex> lock(quarantine_mu_);
@@ -128,13 +167,13 @@ void Agent::SweepQuarantine() {
   }
 }
 
-void Agent::EndFailedReplica(PullJob& job, const StorePtr& store) {
+void Puller::EndFailedReplica(PullJob& job, const StorePtr& store) {
   // Nothing of a failed read may land in memory the store reuses: the engine reports a failed
   // transfer only once its operations are drained (or its endpoint was reset). Where it could do
   // neither, the replica stays created and unsealed, which keeps the store from reusing it.
   if (!job.transfer.Done()) {
     job.transfer.Cancel("the pull gave up on it");
-    (void)job.transfer.Wait(std::chrono::milliseconds(drain_timeout_ms_ + 5000));
+    (void)job.transfer.Wait(std::chrono::milliseconds(options_.drain_timeout_ms + 5000));
   }
   if (job.transfer.Quiesced()) {
     (void)store->Abort(job.id);
@@ -149,7 +188,7 @@ void Agent::EndFailedReplica(PullJob& job, const StorePtr& store) {
   job.created = false;
 }
 
-class Agent::ClaimWatch {
+class Puller::ClaimWatch {
  public:
   explicit ClaimWatch(size_t n) : results_(n), settled_(n, false) {}
 
@@ -196,7 +235,7 @@ class Agent::ClaimWatch {
   bool finished_ = false;
 };
 
-void Agent::Settle(const PullBounds& bounds, const std::vector<PullJob*>& jobs) {
+void Puller::Settle(const PullBounds& bounds, const std::vector<PullJob*>& jobs) {
   if (bounds.claims == nullptr) return;
   for (const PullJob* job : jobs) {
     if (job->created) {
@@ -207,7 +246,7 @@ void Agent::Settle(const PullBounds& bounds, const std::vector<PullJob*>& jobs) 
   }
 }
 
-Status Agent::CheckPullRequest(const v1::PullRequest& request) {
+Status Puller::CheckPullRequest(const v1::PullRequest& request) {
   std::string refusal = VersionRefusal(request.protocol_version(), "Pull");
   if (!refusal.empty()) {
     counters_.Add(Count::kRequestsRejected);
@@ -221,16 +260,16 @@ Status Agent::CheckPullRequest(const v1::PullRequest& request) {
   return Status::OK();
 }
 
-v1::PullReply Agent::Pull(const v1::PullRequest& request, Clock::time_point caller_deadline,
-                          std::function<bool()> cancelled) {
+v1::PullReply Puller::Pull(const v1::PullRequest& request, Clock::time_point caller_deadline,
+                           std::function<bool()> cancelled) {
   if (!request.answer_when_claimed()) {
     return RunPull(request, caller_deadline, std::move(cancelled), nullptr);
   }
   // Answered once every object is claimed; the reads go on here, bounded by the request's own
   // timeout (not by the caller, who has its answer by then), and are cut short at exit.
   const auto deadline =
-      Clock::now() +
-      std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms() : op_timeout_ms_);
+      Clock::now() + std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms()
+                                                                        : options_.op_timeout_ms);
   auto copy = std::make_shared<v1::PullRequest>(request);
   auto watch = std::make_shared<ClaimWatch>(static_cast<size_t>(request.items_size()));
   {
@@ -273,20 +312,20 @@ v1::PullReply Agent::Pull(const v1::PullRequest& request, Clock::time_point call
                              ? deadline
                              : std::min(deadline, caller_deadline - kReplyMargin);
   v1::PullReply reply = watch->Wait(answer_by, cancelled);
-  reply.set_provider(fabrics_.front().provider());
+  reply.set_provider(fabrics_.best().provider());
   return reply;
 }
 
-v1::PullReply Agent::RunPull(const v1::PullRequest& request, Clock::time_point caller_deadline,
-                             std::function<bool()> cancelled, ClaimWatch* claims) {
+v1::PullReply Puller::RunPull(const v1::PullRequest& request, Clock::time_point caller_deadline,
+                              std::function<bool()> cancelled, ClaimWatch* claims) {
   const Clock::time_point began = Clock::now();
   v1::PullReply reply;
   // The best fabric; each result says which one its read used.
-  reply.set_provider(fabrics_.front().provider());
-  const auto deadline =
-      std::min(caller_deadline, Clock::now() + std::chrono::milliseconds(request.timeout_ms() > 0
-                                                                             ? request.timeout_ms()
-                                                                             : op_timeout_ms_));
+  reply.set_provider(fabrics_.best().provider());
+  const auto deadline = std::min(
+      caller_deadline,
+      Clock::now() + std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms()
+                                                                        : options_.op_timeout_ms));
   std::vector<PullJob> jobs(static_cast<size_t>(request.items_size()));
   std::vector<PullJob*> pending;
   for (int i = 0; i < request.items_size(); ++i) {
@@ -336,7 +375,7 @@ v1::PullReply Agent::RunPull(const v1::PullRequest& request, Clock::time_point c
   return reply;
 }
 
-bool Agent::PullBounds::Cancelled() const {
+bool Puller::PullBounds::Cancelled() const {
   if (!cancelled) return false;
   if (seen_cancelled.load(std::memory_order_relaxed)) return true;
   const int64_t now =
@@ -351,13 +390,13 @@ bool Agent::PullBounds::Cancelled() const {
   return true;
 }
 
-Clock::time_point Agent::PullPhaseTimes::Lap(std::atomic<int64_t>& step, Clock::time_point since) {
+Clock::time_point Puller::PullPhaseTimes::Lap(std::atomic<int64_t>& step, Clock::time_point since) {
   const Clock::time_point now = Clock::now();
   step += std::chrono::duration_cast<std::chrono::nanoseconds>(now - since).count();
   return now;
 }
 
-void Agent::PullPhaseTimes::Into(v1::PullPhases& out) const {
+void Puller::PullPhaseTimes::Into(v1::PullPhases& out) const {
   constexpr double kNs = 1e-9;
   out.set_lease_s(static_cast<double>(lease.load()) * kNs);
   out.set_lease_served_s(static_cast<double>(lease_served.load()) * kNs);
@@ -369,7 +408,7 @@ void Agent::PullPhaseTimes::Into(v1::PullPhases& out) const {
   out.set_waves(waves.load());
 }
 
-bool Agent::AnsweredLocal(PullJob& job, LocalStore& store) {
+bool Puller::AnsweredLocal(PullJob& job, LocalStore& store) {
   auto local = store.Contains(job.id);
   if (!local.ok() || !*local) return false;
   job.result->set_outcome(v1::ALREADY_LOCAL);
@@ -377,7 +416,7 @@ bool Agent::AnsweredLocal(PullJob& job, LocalStore& store) {
   return true;
 }
 
-void Agent::PullOnce(std::vector<PullJob*> pending, const PullBounds& bounds) {
+void Puller::PullOnce(std::vector<PullJob*> pending, const PullBounds& bounds) {
   const Clock::time_point deadline = bounds.deadline;
   while (!pending.empty()) {
     std::map<std::string, std::vector<PullJob*>> by_source;
@@ -446,7 +485,7 @@ void Agent::PullOnce(std::vector<PullJob*> pending, const PullBounds& bounds) {
         counters_.Add(Count::kPullsStoodAside);
         continue;
       }
-      if (AnsweredLocal(*job, *PullStore())) continue;
+      if (AnsweredLocal(*job, *stores_.Pull())) continue;
       if (Clock::now() < deadline) {
         pending.push_back(job);  // the other pull failed: try ourselves
       } else {
@@ -458,7 +497,7 @@ void Agent::PullOnce(std::vector<PullJob*> pending, const PullBounds& bounds) {
   }
 }
 
-std::set<std::string> Agent::UnusableWith(const std::string& source) {
+std::set<std::string> Puller::UnusableWith(const std::string& source) {
   std::set<std::string> out;
   std::lock_guard<std::mutex> lock(links_mu_);
   auto it = unusable_.find(source);
@@ -475,8 +514,8 @@ std::set<std::string> Agent::UnusableWith(const std::string& source) {
   return out;
 }
 
-void Agent::MarkUnusable(const std::string& source, const std::string& provider,
-                         const Status& why) {
+void Puller::MarkUnusable(const std::string& source, const std::string& provider,
+                          const Status& why) {
   RF_LOG(kWarn, "reads from the agent at "
                     << source << " over " << provider << " failed (" << why.message().substr(0, 200)
                     << "): the pair uses "
@@ -487,8 +526,8 @@ void Agent::MarkUnusable(const std::string& source, const std::string& provider,
   unusable_[source][provider] = Clock::now() + kUnusableFor;
 }
 
-void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
-                           const PullBounds& bounds) {
+void Puller::PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
+                            const PullBounds& bounds) {
   PullPhaseTimes scratch;  // a Pull without a caller that reads them
   PullPhaseTimes& phases = bounds.phases != nullptr ? *bounds.phases : scratch;
   // Depth first, as the attempts were made: a failover's own further attempts go before the
@@ -503,14 +542,14 @@ void Agent::PullFromSource(const std::string& source, std::vector<PullJob*>& job
   }
 }
 
-bool Agent::ReadyToAskAgainForRoom(const std::string& source, const std::vector<PullJob*>& jobs,
-                                   const PullBounds& bounds) {
+bool Puller::ReadyToAskAgainForRoom(const std::string& source, const std::vector<PullJob*>& jobs,
+                                    const PullBounds& bounds) {
   // Each keeps its refusal unless it is asked again.
   // Those on their way now, until a lease could still be asked and read within the Pull's deadline.
   const Clock::time_point until =
       std::min(bounds.deadline - kLeaseMargin, Clock::now() + kPeerRpcTimeout);
   if (!TimeLeft(bounds) ||
-      !releases_->WaitForReleasesTo(source, until, [&bounds] { return bounds.Cancelled(); }) ||
+      !releases_.WaitForReleasesTo(source, until, [&bounds] { return bounds.Cancelled(); }) ||
       !TimeLeft(bounds)) {
     Settle(bounds, jobs);
     return false;
@@ -523,11 +562,11 @@ bool Agent::ReadyToAskAgainForRoom(const std::string& source, const std::vector<
   return true;
 }
 
-bool Agent::TimeLeft(const PullBounds& bounds) {
+bool Puller::TimeLeft(const PullBounds& bounds) {
   return !bounds.Cancelled() && Clock::now() + kLeaseMargin <= bounds.deadline;
 }
 
-void Agent::ResetForAnotherAttempt(PullJob& job) {
+void Puller::ResetForAnotherAttempt(PullJob& job) {
   const std::string object_id = job.result->object_id();
   job.result->Clear();
   job.result->set_object_id(object_id);
@@ -540,13 +579,13 @@ void Agent::ResetForAnotherAttempt(PullJob& job) {
   job.fabric_failed = false;
 }
 
-Agent::SourceLease Agent::LeaseFromSource(const std::string& source, const SourceAttempt& attempt,
-                                          const PullBounds& bounds, PullPhaseTimes& phases) {
+Puller::SourceLease Puller::LeaseFromSource(const std::string& source, const SourceAttempt& attempt,
+                                            const PullBounds& bounds, PullPhaseTimes& phases) {
   // Every object in one request, for as long as this pull may take (the source clamps it to its
   // max_lease_ttl_ms; the reply says what it granted).
   v1::LeaseRequest request;
   request.set_protocol_version(kProtocolVersion);
-  request.set_requester(BytesToHex(options_.node_id));
+  request.set_requester(options_.requester);
   const auto wanted = std::chrono::duration_cast<std::chrono::milliseconds>(
       bounds.deadline - Clock::now() + kLeaseMargin);
   request.set_ttl_ms(static_cast<uint32_t>(
@@ -556,31 +595,32 @@ Agent::SourceLease Agent::LeaseFromSource(const std::string& source, const Sourc
   // with this source lately (unless that leaves none: the failure may have passed).
   const std::set<std::string> unusable = UnusableWith(source);
   const std::set<std::string>& excluded = attempt.excluded;
-  const bool all_unusable = std::all_of(fabrics_.begin(), fabrics_.end(), [&](const Fabric& fab) {
-    return excluded.count(fab.provider()) > 0 || unusable.count(fab.provider()) > 0;
-  });
-  for (const Fabric& fab : fabrics_) {
+  const bool all_unusable =
+      std::all_of(fabrics_.all().begin(), fabrics_.all().end(), [&](const Fabric& fab) {
+        return excluded.count(fab.provider()) > 0 || unusable.count(fab.provider()) > 0;
+      });
+  for (const Fabric& fab : fabrics_.all()) {
     if (excluded.count(fab.provider()) > 0) continue;
     if (!all_unusable && unusable.count(fab.provider()) > 0) continue;
     request.add_reader_providers(fab.provider());
     request.add_reader_rails(static_cast<uint32_t>(fab.rails.size()));
   }
   SourceLease leased;
-  std::unique_ptr<PeerCall> call = peers_->NewCall();
+  std::unique_ptr<PeerCall> call = peers_.NewCall();
   // A lease to a source first starts every release still queued for it (release_queue.h).
-  releases_->StartQueuedTo(source);
+  releases_.StartQueuedTo(source);
   // Earlier leases of this node's at the source not yet given back: a refusal for want of room may
   // be theirs (asked again, once they are).
-  leased.releases_pending = releases_->PendingTo(source);
+  leased.releases_pending = releases_.PendingTo(source);
   // Lease expiries are counted from before the request left: by our clock they end no later than
   // by the source's.
   leased.asked_at = Clock::now();
   leased.status = AwaitPeerCall(
       *call, [&bounds] { return bounds.Cancelled(); },
       [&](PeerCalls::Done done) {
-        peers_->StartLease(*call, source, request, leased.reply,
-                           std::min(bounds.deadline, Clock::now() + kPeerRpcTimeout),
-                           std::move(done));
+        peers_.StartLease(*call, source, request, leased.reply,
+                          std::min(bounds.deadline, Clock::now() + kPeerRpcTimeout),
+                          std::move(done));
       });
   const Clock::time_point answered = PullPhaseTimes::Lap(phases.lease, leased.asked_at);
   // The source's word for its own part, believed no further than this round trip (NaN, negative
@@ -605,20 +645,20 @@ Agent::SourceLease Agent::LeaseFromSource(const std::string& source, const Sourc
       ref->set_lease_id(lease.lease_id());
       ref->set_token(lease.token());
     }
-    if (release.leases_size() > 0) releases_->Queue(source, std::move(release));
+    if (release.leases_size() > 0) releases_.Queue(source, std::move(release));
   }
   return leased;
 }
 
-Agent::SourcePeer Agent::ConnectToSource(const std::string& source, const v1::LeaseReply& reply) {
+Puller::SourcePeer Puller::ConnectToSource(const std::string& source, const v1::LeaseReply& reply) {
   // The source answered on the best fabric both nodes speak; its address names the provider, and
   // only this node's engine of that provider may insert it.
   SourcePeer to;
-  to.fab = FabricFor(reply.provider());
+  to.fab = fabrics_.For(reply.provider());
   if (to.fab == nullptr) {
     to.status =
         Unavailable("the agent at " + source + " answered on provider '" + reply.provider() +
-                    "', which this node does not speak (" + FabricList() + ")");
+                    "', which this node does not speak (" + fabrics_.List() + ")");
     return to;
   }
   auto added = to.fab->engine().AddPeer(
@@ -645,9 +685,9 @@ Agent::SourcePeer Agent::ConnectToSource(const std::string& source, const v1::Le
   return to;
 }
 
-bool Agent::AcceptLease(const std::string& source, PullJob& job, const v1::Lease& lease,
-                        const SourcePeer& to, Clock::time_point asked_at, bool room_may_come,
-                        LocalStore& store) {
+bool Puller::AcceptLease(const std::string& source, PullJob& job, const v1::Lease& lease,
+                         const SourcePeer& to, Clock::time_point asked_at, bool room_may_come,
+                         LocalStore& store) {
   job.lease = lease;
   if (job.lease.error_code() != v1::ERROR_CODE_NONE) {
     if (AnsweredLocal(job, store)) return false;
@@ -700,8 +740,8 @@ bool Agent::AcceptLease(const std::string& source, PullJob& job, const v1::Lease
   return false;
 }
 
-void Agent::RunWaves(const SourceReads& reads, const std::vector<PullJob*>& jobs,
-                     const std::vector<PullJob*>& settled) {
+void Puller::RunWaves(const SourceReads& reads, const std::vector<PullJob*>& jobs,
+                      const std::vector<PullJob*>& settled) {
   // Create the replicas and start their reads, a group at a time (the next group's creates
   // overlap this group's reads); then wait for each read, sealing in groups.
   size_t next = 0;
@@ -732,13 +772,13 @@ void Agent::RunWaves(const SourceReads& reads, const std::vector<PullJob*>& jobs
   }
 }
 
-void Agent::AttemptFromSource(const std::string& source, const SourceAttempt& attempt,
-                              const PullBounds& bounds, PullPhaseTimes& phases,
-                              std::vector<SourceAttempt>& to_try) {
+void Puller::AttemptFromSource(const std::string& source, const SourceAttempt& attempt,
+                               const PullBounds& bounds, PullPhaseTimes& phases,
+                               std::vector<SourceAttempt>& to_try) {
   // This connection creates, seals or aborts every replica of this attempt's objects, and stays
   // open while any of their reads may land (see StorePtr); each attempt takes the current one (a
   // broken one is replaced by then).
-  const StorePtr store = PullStore();
+  const StorePtr store = stores_.Pull();
   const std::vector<PullJob*>& jobs = attempt.jobs;
   // 1. Lease every object from the source agent in one request.
   const SourceLease leased = LeaseFromSource(source, attempt, bounds, phases);
@@ -787,14 +827,14 @@ void Agent::AttemptFromSource(const std::string& source, const SourceAttempt& at
   std::optional<SourceAttempt> failover = FailoverAttempt(source, attempt, to.fab);
   if ((!failover && refused_for_room.empty()) || !TimeLeft(bounds)) {
     Settle(bounds, refused_for_room);  // failed: not asked again
-    if (release.leases_size() > 0) releases_->Queue(source, std::move(release));
+    if (release.leases_size() > 0) releases_.Queue(source, std::move(release));
     return;
   }
   // The same source is leased again next: this attempt's leases are released (and answered)
   // first, so that the source does not count them twice against what this node may hold.
   if (release.leases_size() > 0) {
-    releases_->ReleaseNow(source, release, bounds.deadline,
-                          [&bounds] { return bounds.Cancelled(); });
+    releases_.ReleaseNow(source, release, bounds.deadline,
+                         [&bounds] { return bounds.Cancelled(); });
   }
   // Objects refused for want of room go once the failover (if any) is done, and this node's
   // leases there are given back.
@@ -810,9 +850,9 @@ void Agent::AttemptFromSource(const std::string& source, const SourceAttempt& at
   }
 }
 
-std::optional<Agent::SourceAttempt> Agent::FailoverAttempt(const std::string& source,
-                                                           const SourceAttempt& attempt,
-                                                           const Fabric* fab) {
+std::optional<Puller::SourceAttempt> Puller::FailoverAttempt(const std::string& source,
+                                                             const SourceAttempt& attempt,
+                                                             const Fabric* fab) {
   // Reads that failed on this fabric go again over the next provider both nodes share, if there
   // is one; a provider none of whose reads worked is skipped with this source for a while
   // (unreachable between the two: e.g. verbs across two IB subnets).
@@ -833,15 +873,15 @@ std::optional<Agent::SourceAttempt> Agent::FailoverAttempt(const std::string& so
   if (!any_pulled) MarkUnusable(source, fab->provider(), why);
   // Each provider is tried once per Pull (a source that answers on one it was not offered gets no
   // second try on it).
-  const bool another = again.excluded.insert(fab->provider()).second &&
-                       std::any_of(fabrics_.begin(), fabrics_.end(), [&](const Fabric& other) {
-                         return again.excluded.count(other.provider()) == 0;
-                       });
+  const bool another =
+      again.excluded.insert(fab->provider()).second &&
+      std::any_of(fabrics_.all().begin(), fabrics_.all().end(),
+                  [&](const Fabric& other) { return again.excluded.count(other.provider()) == 0; });
   if (!another) return std::nullopt;
   return again;
 }
 
-bool Agent::RefusedForLeaseEnd(PullJob& job, const std::string& source) {
+bool Puller::RefusedForLeaseEnd(PullJob& job, const std::string& source) {
   // A read is not started close to its lease's end (the seal would be refused anyway if it
   // finished after it): within 2 s, or a quarter of a shorter lease.
   const auto margin = std::min<Clock::duration>(
@@ -853,8 +893,8 @@ bool Agent::RefusedForLeaseEnd(PullJob& job, const std::string& source) {
   return true;
 }
 
-void Agent::StartReads(const SourceReads& reads, const std::vector<PullJob*>& group,
-                       std::vector<PullJob*>& wave, uint64_t& wave_bytes) {
+void Puller::StartReads(const SourceReads& reads, const std::vector<PullJob*>& group,
+                        std::vector<PullJob*>& wave, uint64_t& wave_bytes) {
   if (group.empty()) return;
   Fabric& fab = *reads.fab;
   std::vector<ObjectId> ids;
@@ -870,7 +910,7 @@ void Agent::StartReads(const SourceReads& reads, const std::vector<PullJob*>& gr
     create.owner.worker_id = job->item->owner().worker_id();
     create.data_size = job->lease.data_size();
     create.metadata_size = job->lease.metadata_size();
-    create.timeout_ms = std::min<int64_t>(create_timeout_ms_, left_ms);
+    create.timeout_ms = std::min<int64_t>(options_.create_timeout_ms, left_ms);
     ids.push_back(job->id);
     creates.push_back(create);
   }
@@ -905,11 +945,11 @@ void Agent::StartReads(const SourceReads& reads, const std::vector<PullJob*>& gr
     }
     const uint64_t bytes = job.lease.data_size() + job.lease.metadata_size();
     // One local registration per rail the read stripes across (the replica's segment on each).
-    const size_t rails = fabric::RailsFor(bytes, 1 + job.rail_remote.size(), stripe_min_);
+    const size_t rails = fabric::RailsFor(bytes, 1 + job.rail_remote.size(), fabrics_.stripe_min());
     std::vector<fabric::RegisteredRange> local(rails);
     Status s;
     for (size_t k = 0; k < rails && s.ok(); ++k) {
-      auto region = RegionFor(fab, k, job.replica.segment_base, job.replica.segment_size);
+      auto region = fabrics_.RegionFor(fab, k, job.replica.segment_base, job.replica.segment_size);
       s = region.status();
       if (region.ok()) local[k] = std::move(*region);
     }
@@ -920,7 +960,7 @@ void Agent::StartReads(const SourceReads& reads, const std::vector<PullJob*>& gr
     // the first bytes travel (mapping runs at several GB/s, ahead of the provider's writes).
     const size_t populate_first = rails == 1 ? std::min<uint64_t>(bytes, kPopulateAhead) : bytes;
     auto populate = [&](size_t from, size_t length) {
-      Status populated = warmer_->Populate(job.replica.data + from, length);
+      Status populated = warmer_.Populate(job.replica.data + from, length);
       if (!populated.ok() && !populate_warned_.exchange(true)) {
         RF_LOG(kInfo, "replicas are not populated before reads: " << populated.message());
       }
@@ -933,8 +973,8 @@ void Agent::StartReads(const SourceReads& reads, const std::vector<PullJob*>& gr
         stripes[k] = {fab.rails[k].get(), k == 0 ? reads.peer : reads.rail_peers[k - 1],
                       k == 0 ? &job.remote : &job.rail_remote[k - 1], &local[k]};
       }
-      auto started =
-          fabric::StartStriped(fabric::RmaOp::kRead, stripes, job.replica.data, bytes, stripe_min_);
+      auto started = fabric::StartStriped(fabric::RmaOp::kRead, stripes, job.replica.data, bytes,
+                                          fabrics_.stripe_min());
       step = PullPhaseTimes::Lap(reads.phases.post, step);
       job.rails_used = rails;
       s = started.status();
@@ -961,7 +1001,7 @@ void Agent::StartReads(const SourceReads& reads, const std::vector<PullJob*>& gr
   }
 }
 
-void Agent::FinishReads(const SourceReads& reads, const std::vector<PullJob*>& wave) {
+void Puller::FinishReads(const SourceReads& reads, const std::vector<PullJob*>& wave) {
   std::vector<PullJob*> done;  // read in full within their leases: sealed together
   auto seal = [&] {
     if (done.empty()) return;
@@ -1030,8 +1070,8 @@ void Agent::FinishReads(const SourceReads& reads, const std::vector<PullJob*>& w
   seal();
 }
 
-void Agent::RecordLink(const std::string& source, const v1::LeaseReply& lease_reply,
-                       const Fabric* fab, const std::vector<PullJob*>& jobs) {
+void Puller::RecordLink(const std::string& source, const v1::LeaseReply& lease_reply,
+                        const Fabric* fab, const std::vector<PullJob*>& jobs) {
   std::lock_guard<std::mutex> lock(links_mu_);
   v1::PeerLink& link = links_[source];
   link.set_peer(source);

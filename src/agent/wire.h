@@ -2,12 +2,27 @@
 // the agent is compiled, so that neither enum can move without the other.
 #pragma once
 
+#include <cstdint>
+#include <string>
+
 #include "agent.pb.h"
 #include "rayfabric/status.h"
 
 namespace rayfabric::agent {
 
 namespace v1 = ::rayfabric::v1;
+
+inline constexpr uint32_t kProtocolVersion = v1::PROTOCOL_V3;
+// The most objects (or leases) one request may name.
+inline constexpr int kMaxItemsPerRequest = 100000;
+
+// Why a request of `rpc` in protocol `version` is refused ("" when it is this agent's version).
+inline std::string VersionRefusal(uint32_t version, const char* rpc) {
+  if (version == kProtocolVersion) return "";
+  return std::string(rpc) + ": protocol_version " + std::to_string(version) +
+         " is not spoken by this agent (it speaks " + std::to_string(kProtocolVersion) +
+         "); run the same rayfabric version on every node";
+}
 
 #define RAYFABRIC_SAME_CODE(wire, status) \
   static_assert(static_cast<int>(v1::wire) == static_cast<int>(StatusCode::status), #wire)

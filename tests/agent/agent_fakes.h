@@ -3,12 +3,14 @@
 // and agents that call each other directly instead of over gRPC. Both keep the real contracts
 // (pins, unsealed creates ended with their connection; `done` once); they add only what a real
 // store or peer cannot be made to do on demand: a source whose lease replies are altered, lease
-// calls or their replies lost in transit, and releases that are answered late.
+// calls or their replies lost in transit, releases that are answered late, and store connections
+// that break (a store that stopped answering one client).
 #pragma once
 
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -74,6 +76,12 @@ class FakeStoreNode : public std::enable_shared_from_this<FakeStoreNode> {
     return it == objects_.end() ? 0 : it->second.pins;
   }
 
+  // Every connection open now reports itself broken (as one whose store did not answer within
+  // store_timeout_ms); connections made later are healthy.
+  void BreakConnections() { ++epoch_; }
+  // Connections open now (a retired one counts until it is closed).
+  int Connections() const { return connections_.load(); }
+
   StoreConnector Connector();
 
  private:
@@ -115,13 +123,19 @@ class FakeStoreNode : public std::enable_shared_from_this<FakeStoreNode> {
   size_t used_ = 0;
   int aborts_ = 0;
   std::map<ObjectId, Object> objects_;
+  std::atomic<int> epoch_{0};
+  std::atomic<int> connections_{0};
 };
 
 class FakeStoreConnection final : public LocalStore {
  public:
-  explicit FakeStoreConnection(std::shared_ptr<FakeStoreNode> node) : node_(std::move(node)) {}
+  explicit FakeStoreConnection(std::shared_ptr<FakeStoreNode> node)
+      : node_(std::move(node)), epoch_(node_->epoch_.load()) {
+    ++node_->connections_;
+  }
   // As plasma does when a client goes: its pins are dropped and its unsealed creates aborted.
   ~FakeStoreConnection() override {
+    --node_->connections_;
     std::lock_guard<std::mutex> lock(node_->mu_);
     for (auto& [id, count] : pins_) {
       auto it = node_->objects_.find(id);
@@ -223,7 +237,7 @@ class FakeStoreConnection final : public LocalStore {
     return it != node_->objects_.end() && it->second.sealed;
   }
   int64_t memory_capacity() const override { return static_cast<int64_t>(node_->capacity_); }
-  bool healthy() const override { return true; }
+  bool healthy() const override { return epoch_ == node_->epoch_.load(); }
   std::vector<plasma::SegmentInfo> Segments() const override { return {node_->Segment()}; }
   void SetSegmentCallbacks(SegmentCallback, SegmentCallback) override {}  // never unmaps
 
@@ -238,6 +252,7 @@ class FakeStoreConnection final : public LocalStore {
   }
 
   std::shared_ptr<FakeStoreNode> node_;
+  const int epoch_;  // the node's epoch when this connection was made
   std::map<ObjectId, int> pins_;
 };
 

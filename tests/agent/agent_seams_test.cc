@@ -245,6 +245,56 @@ TEST_F(AgentSeams, LeasesExpire) {
   EXPECT_EQ(source.store->Pins(Id(1)), 0) << "a late release must not unpin twice";
 }
 
+// A serving store connection that breaks is replaced at once; the old one, which holds the pins of
+// the leases granted on it, stays open until the last of them ends, and then closes (dropping
+// them), so that a reader of such a lease never reads memory the store has reused.
+TEST_F(AgentSeams, ABrokenStoreConnectionIsReplacedAndKeptWhileItsLeasesLive) {
+  Node& source = Start("source", {});
+  source.store->Put(Id(1), RandomBytes(1 << 20, 7));
+  auto lease_of = [&](const std::string& requester) {
+    v1::LeaseRequest request;
+    request.set_protocol_version(kProtocolVersion);
+    request.set_ttl_ms(10000);
+    request.add_object_ids(Id(1).Binary());
+    request.add_reader_providers("tcp;ofi_rxm");
+    v1::LeaseReply reply = source.agent->Lease(request, requester);
+    EXPECT_EQ(reply.leases_size(), 1);
+    EXPECT_EQ(reply.leases(0).error_code(), v1::ERROR_CODE_NONE) << reply.leases(0).error();
+    return reply.leases(0);
+  };
+  auto release = [&](const v1::Lease& lease) {
+    v1::ReleaseRequest request;
+    request.set_protocol_version(kProtocolVersion);
+    v1::LeaseRef* ref = request.add_leases();
+    ref->set_lease_id(lease.lease_id());
+    ref->set_token(lease.token());
+    v1::ReleaseReply reply = source.agent->Release(request);
+    EXPECT_EQ(reply.error_codes_size(), 1);
+    EXPECT_EQ(reply.error_codes(0), v1::ERROR_CODE_NONE) << reply.errors(0);
+  };
+  const v1::Lease before = lease_of("reader-1");
+  ASSERT_EQ(source.store->Connections(), 2);  // serving and pulling
+  ASSERT_EQ(source.store->Pins(Id(1)), 1);
+
+  source.store->BreakConnections();
+  const v1::Lease after = lease_of("reader-2");  // on a new serving connection
+  EXPECT_EQ(CounterOf(source.agent->GetStatus(), "store_reconnects"), 1u);
+  EXPECT_EQ(source.store->Connections(), 3) << "the broken serving connection was not replaced";
+  EXPECT_EQ(source.store->Pins(Id(1)), 2);
+  // Several sweeps later the retired connection is still open: its lease lives.
+  std::this_thread::sleep_for(milliseconds(350));
+  EXPECT_EQ(source.store->Connections(), 3) << "closed while a lease granted on it lived";
+  EXPECT_EQ(source.store->Pins(Id(1)), 2);
+
+  release(before);
+  EXPECT_TRUE(Eventually([&] { return source.store->Connections() == 2; }))
+      << "the retired connection outlived its last lease";
+  EXPECT_EQ(source.store->Pins(Id(1)), 1) << "closing it must drop its pin, and only its pin";
+  release(after);
+  EXPECT_EQ(source.store->Pins(Id(1)), 0);
+  EXPECT_EQ(CounterOf(source.agent->GetStatus(), "leases_released"), 2u);
+}
+
 // A source that refuses a lease for want of room for this reader, while the reader's earlier
 // leases there are being given back, is asked again once they are.
 TEST_F(AgentSeams, RefusedForRoomIsAskedAgainOnceLeasesAreBack) {
