@@ -108,33 +108,33 @@ def main(argv=None):
                   "pip install 'rayfabric[bench]' (or pip install numpy)", file=sys.stderr)
             return 2
         if argv[0] == "bench-args":
-            from rayfabric import bench_args
+            from rayfabric.bench import args as bench_args
             return bench_args.main(rest)
         if argv[0] == "demo":
-            from rayfabric import demo
+            from rayfabric.tools import demo
             return demo.main(rest)
         if argv[0] == "doctor":
-            from rayfabric import doctor
+            from rayfabric.tools import doctor
             return doctor.main(rest)
         if "--rails" in rest:  # `rayfabric bench --rails ...`: one rail vs two on shaped links
-            from rayfabric import bench_rails
+            from rayfabric.bench import rails as bench_rails
             return bench_rails.main([x for x in rest if x != "--rails"])
         if "--broadcast" in rest:  # `rayfabric bench --broadcast ...`: one object to every node
-            from rayfabric import bench_broadcast
+            from rayfabric.bench import broadcast as bench_broadcast
             return bench_broadcast.main([x for x in rest if x != "--broadcast"])
         if any(x == "--link" or x.startswith("--link=") for x in rest):
             # `rayfabric bench --link RATES ...` (no --rails, --broadcast): one shaped link, Ray and
             # rayfabric next to the raw ceilings over the same link
-            from rayfabric import bench_link
+            from rayfabric.bench import link as bench_link
             return bench_link.main(rest)
         if "--tensors" in rest:  # `rayfabric bench --tensors ...`: actor-to-actor tensors, RDT
-            from rayfabric import bench_tensors
+            from rayfabric.bench import tensors as bench_tensors
             return bench_tensors.main([x for x in rest if x != "--tensors"])
         if "--args" in rest:  # `rayfabric bench --args ...`: the call-argument cases
-            from rayfabric import bench_args
+            from rayfabric.bench import args as bench_args
             return bench_args.main([x for x in rest if x != "--args"])
-        from rayfabric import bench
-        return bench.main(rest)
+        from rayfabric.bench import objects
+        return objects.main(rest)
     a = p.parse_args(argv)
     import rayfabric
     _connect(a.address)

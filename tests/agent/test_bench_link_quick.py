@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from rayfabric import bench_link, netns
+from rayfabric.bench import link as bench_link
+from rayfabric.tools import netns
 
 ROOT = Path(__file__).resolve().parents[2]
 

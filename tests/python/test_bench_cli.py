@@ -14,7 +14,8 @@ sys.path.insert(0, str(ROOT / "python"))
 
 import pytest  # noqa: E402
 
-from rayfabric import bench_link, netns  # noqa: E402
+from rayfabric.bench import link as bench_link  # noqa: E402
+from rayfabric.tools import netns  # noqa: E402
 
 
 def run_bench(*args):
@@ -137,7 +138,7 @@ def test_the_list_is_set_back_when_the_run_is_killed(allowed_list):
     name, host = allowed_list
     write_allowed([n for n in host if n != name])
     before = read_allowed()
-    child = subprocess.Popen([sys.executable, "-c", f"from rayfabric import netns; import time\n"
+    child = subprocess.Popen([sys.executable, "-c", f"from rayfabric.tools import netns; import time\n"
                               f"netns.CongestionAllowed({name!r}).apply(); print('widened', flush=True); "
                               "time.sleep(600)"], stdout=subprocess.PIPE, text=True,
                              env=dict(os.environ, PYTHONPATH=str(ROOT / "python")))
@@ -161,7 +162,7 @@ def test_a_list_that_cannot_be_written_is_a_clear_error_and_changes_nothing(allo
     write_allowed([n for n in host if n != name])
     before = read_allowed()
     read_only_proc_sys = "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && exec \"$@\""
-    code = ("from rayfabric import netns\n"
+    code = ("from rayfabric.tools import netns\n"
             "try:\n"
             f"    netns.CongestionAllowed({name!r}).apply()\n"
             "except RuntimeError as e:\n"

@@ -4,7 +4,7 @@
                                          [--quick] [--json F]
 
 --nodes Ray nodes, each in its own network namespace with one link to a switch (a bridge in a hub
-namespace: rayfabric.netns.NetnsStar), every node's link shaped with tc to --link in both
+namespace: rayfabric.tools.netns.NetnsStar), every node's link shaped with tc to --link in both
 directions, so that a node's link, not this host's CPU, is what the readers of one source share.
 Node 0 makes a fresh object per repetition; then every other node gets it, by:
   ray                Ray's own ray.get on every node at once
@@ -26,7 +26,7 @@ import signal
 import statistics
 import sys
 
-from rayfabric import netns
+from rayfabric.tools import netns
 
 MiB = 1 << 20
 

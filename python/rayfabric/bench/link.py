@@ -3,8 +3,8 @@
   python3 -m rayfabric bench --link 2gbit,10gbit,25gbit [--sizes 64M,512M] [--reps 3] [--congestion cubic]
                              [--quick] [--json F]
 
-Two Ray nodes, each started with `ray start` in its own network namespace (rayfabric.netns), joined
-by one veth pair shaped with tc to each rate in turn (both directions). Per rate, over that link:
+Two Ray nodes, each started with `ray start` in its own network namespace (rayfabric.tools.netns),
+joined by one veth pair shaped with tc to each rate in turn (both directions). Per rate, over that link:
   raw TCP     a TCP stream between two processes (rayfabric-bench's ceiling)
   raw read    fi_read between two processes, same provider, into memory already mapped
               (rayfabric-bench --listen in node B's namespace, --peer in node A's)
@@ -39,8 +39,9 @@ import tempfile
 import threading
 import time
 
-from rayfabric import bin_dir, netns
-from rayfabric.bench import parse_size, tcp_sysctl
+from rayfabric import bin_dir
+from rayfabric.bench.objects import parse_size, tcp_sysctl
+from rayfabric.tools import netns
 
 MiB = 1 << 20
 RAW_PORT = 7311
@@ -51,7 +52,7 @@ NETNS = namespace_inodes({"A": None, "B": cfg["other_ns"]})
 @ray.remote(num_cpus=0, resources={"nA": 0.01})
 def fetch(refs, how):
     import rayfabric as rf
-    from rayfabric.bench import PHASE_KEYS, _instrument  # where rayfabric.get's time goes
+    from rayfabric.bench.objects import PHASE_KEYS, _instrument  # where rayfabric.get's time goes
     phases = _instrument()
     for k in PHASE_KEYS:
         phases[k] = 0.0

@@ -2,8 +2,8 @@
 
   python3 -m rayfabric bench --rails [--link 1gbit] [--size-mib 256] [--reps 3] [--quick] [--json F]
 
-Two Ray nodes in their own network namespaces (rayfabric.netns: `ray start` in each) joined by two
-veth pairs, each shaped with tc to --link. Node B makes a fresh object per repetition; a task on
+Two Ray nodes in their own network namespaces (rayfabric.tools.netns: `ray start` in each) joined by
+two veth pairs, each shaped with tc to --link. Node B makes a fresh object per repetition; a task on
 node A gets it, and the time of that get is measured, by:
   ray         Ray's own ray.get (its object manager runs on the nodes' Ray IPs: link 1)
   1 rail      rayfabric.get, agents on link 1 only (RAYFABRIC_DOMAIN=rfa0 / rfb0)
@@ -18,7 +18,7 @@ import json
 import statistics
 import sys
 
-from rayfabric import netns
+from rayfabric.tools import netns
 
 MiB = 1 << 20
 

@@ -48,7 +48,8 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import rayfabric
-from rayfabric import _agents, _pulls, bin_dir, hugepages
+from rayfabric import _agents, _pulls, bin_dir
+from rayfabric.tools import hugepages
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_PROVIDER = "tcp;ofi_rxm"
@@ -361,7 +362,7 @@ class Progress:
 
 
 def worker_env():
-    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(rayfabric.__file__)))  # python/, or site-packages
     path = os.environ.get("PYTHONPATH", "")
     return {"PYTHONPATH": pkg_root + (os.pathsep + path if path else ""), "RAYFABRIC_BIN_DIR": bin_dir()}
 

@@ -24,7 +24,7 @@ import ray
 import torch
 
 import rayfabric.rdt
-from rayfabric.bench import worker_env
+from rayfabric.bench.objects import worker_env
 
 MiB = 1 << 20
 rayfabric.rdt.enable()  # before the classes below (ray.method checks the name), here and in workers
