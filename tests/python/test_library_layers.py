@@ -115,6 +115,12 @@ def test_the_library_imports_no_program():
         assert not imports_of(m)[0] & PROGRAMS, (m, imports_of(m)[0] & PROGRAMS)
 
 
+def test_the_cli_starts_the_programs_by_name_only():
+    """cli.py names its programs as strings (importlib), never at its import: `rayfabric status`
+    loads no benchmark and no numpy."""
+    assert not imports_of("cli")[0] & PROGRAMS, imports_of("cli")[0] & PROGRAMS
+
+
 def test_numpy_only_in_the_programs():
     """numpy is no dependency of the package (pyproject.toml: the bench extra): the library never
     imports it, anywhere in a module; the programs that do are the ones `rayfabric bench`, `demo`

@@ -118,7 +118,8 @@ def run(size_bytes, provider=None, log=print):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="rayfabric demo", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size-mb", type=int, default=1024)
     p.add_argument("--provider", default=os.environ.get("RAYFABRIC_PROVIDER") or None)
     p.add_argument("--json")
