@@ -19,7 +19,7 @@ from ray.cluster_utils import Cluster
 
 import rayfabric
 from rayfabric import _pulls
-from rayfabric.bench import parse_size, size_name
+from rayfabric.bench.objects import parse_size, size_name
 
 
 def main():

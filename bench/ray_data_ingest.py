@@ -25,7 +25,7 @@ from ray.cluster_utils import Cluster
 
 import rayfabric
 from rayfabric import transparent
-from rayfabric.bench import parse_size
+from rayfabric.bench.objects import parse_size
 
 WAYS = ("ray", "rayfabric, no wait hook", "rayfabric")
 

@@ -32,7 +32,7 @@ if ! $PY -c "import ray, sys; sys.exit(ray.__version__ != '$RAY_VERSION')" 2>/de
   echo "[setup] pip install ray[default,data]==$RAY_VERSION numpy pandas pytest matplotlib"
   PYTHON=$PY bash scripts/pip-install.sh -q "ray[default,data]==$RAY_VERSION" numpy pandas pytest matplotlib
 fi
-# torch: the RDT tests and `rayfabric bench --tensors` (Ray Direct Transport moves torch tensors).
+# torch: the RDT tests and `rayfabric bench tensors` (Ray Direct Transport moves torch tensors).
 # RAYFABRIC_NO_TORCH=1 skips it (~3 GB with its CUDA libraries); those tests then say they skipped.
 if [ "${RAYFABRIC_NO_TORCH:-0}" != 1 ] && ! $PY -c "import torch" 2>/dev/null; then
   echo "[setup] pip install torch"

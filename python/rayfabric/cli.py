@@ -5,15 +5,74 @@
     rayfabric status [--address ADDR] [--json]         per-node provider, counters, fallbacks by reason
     rayfabric demo   [--size-mb N] [--provider P]      README's main job (its own local cluster)
     rayfabric doctor [--json] ...                      what this node's fabric can do
-    rayfabric bench  ...                               Ray vs rayfabric, side by side
-    rayfabric bench-args ... (or bench --args)         call arguments: Ray alone vs rayfabric.args
+    rayfabric bench [VARIANT] ...                      benchmarks (`rayfabric bench --help` lists them):
+                     objects (the default), link, rails, broadcast, tensors, args
 
 start is idempotent: run it again after nodes join (agents that run are kept)."""
 import argparse
+import importlib
 import importlib.util
 import json
 import os
 import sys
+
+# `rayfabric bench VARIANT ...`: one program each, in rayfabric.bench (rayfabric/bench/VARIANT.py);
+# `rayfabric bench ...` with no variant is the objects bench. variant -> what it measures.
+BENCHES = {
+    "objects": "Ray vs rayfabric: object transfers side by side on a local or running cluster (the default)",
+    "link": "one tc-shaped link: Ray and rayfabric next to raw fi_read and TCP (root, ip netns)",
+    "rails": "one rail against two, on shaped links (root, ip netns)",
+    "broadcast": "one object to every node: Ray, rayfabric direct, rayfabric.broadcast (root, ip netns)",
+    "tensors": "tensors between actors: Ray's object store, RDT over rayfabric, NIXL, GLOO",
+    "args": "call arguments: Ray alone against rayfabric.args",
+}
+# The forms from before the subcommands, still taken: the first of these flags found anywhere after
+# `bench` (in this order: `bench --rails --link 1gbit` is rails) names the variant. The flag is
+# dropped, except --link: the link bench's own option (its rates), kept as given.
+LEGACY_BENCH_FLAGS = {"--rails": "rails", "--broadcast": "broadcast", "--link": "link", "--tensors": "tensors",
+                      "--args": "args"}
+# `rayfabric bench-args ...` is `rayfabric bench args ...`.
+LEGACY_COMMANDS = {"bench-args": ["bench", "args"]}
+
+
+def _is_flag(arg, flag):
+    return arg == flag or (flag == "--link" and arg.startswith("--link="))
+
+
+def bench_variant(rest):
+    """(variant, its arguments, the legacy form used or None) for `rayfabric bench REST`."""
+    if rest and rest[0] in BENCHES:
+        return rest[0], rest[1:], None
+    for flag, variant in LEGACY_BENCH_FLAGS.items():
+        if any(_is_flag(x, flag) for x in rest):
+            return variant, rest if flag == "--link" else [x for x in rest if x != flag], flag
+    return "objects", rest, None
+
+
+def _bench_help():
+    width = max(map(len, BENCHES))
+    return "\n".join(
+        ["usage: rayfabric bench [VARIANT] [ARGS ...]", "",
+         "Benchmarks, one program each (`rayfabric bench VARIANT --help`: its own options); no VARIANT: objects.",
+         "", "variants:"]
+        + [f"  {name:{width}s}  {what}" for name, what in BENCHES.items()]
+        + ["", "Older forms still taken: " + ", ".join(f"bench {flag} (bench {v})" for flag, v in LEGACY_BENCH_FLAGS.items())
+           + ", bench-args (bench args)."])
+
+
+def _bench(rest):
+    """`rayfabric bench [VARIANT] ...`: the variant's main(argv)."""
+    if rest in (["--help"], ["-h"]):
+        print(_bench_help())
+        return 0
+    if rest and not rest[0].startswith("-") and rest[0] not in BENCHES:
+        print(f"rayfabric bench: unknown variant {rest[0]!r} (choose from {', '.join(BENCHES)}; "
+              "`rayfabric bench --help`)", file=sys.stderr)
+        return 2
+    variant, args, legacy = bench_variant(rest)
+    if legacy:
+        print(f"rayfabric: `bench {legacy}` is now `rayfabric bench {variant}`", file=sys.stderr)
+    return importlib.import_module(f"rayfabric.bench.{variant}").main(args)
 
 
 def _connect(address):
@@ -95,10 +154,12 @@ def main(argv=None):
     s.add_argument("--json", action="store_true")
     sub.add_parser("demo", help="README's main job", add_help=False)
     sub.add_parser("doctor", help="what this node's fabric can do", add_help=False)
-    sub.add_parser("bench", help="Ray vs rayfabric benchmark", add_help=False)
-    sub.add_parser("bench-args", help="call arguments: Ray alone vs rayfabric.args", add_help=False)
-    if argv and argv[0] in ("demo", "doctor", "bench", "bench-args"):
-        rest = argv[1:]
+    sub.add_parser("bench", help="benchmarks: " + ", ".join(BENCHES) + " (the default: objects)", add_help=False)
+    if argv and argv[0] in LEGACY_COMMANDS:
+        new = LEGACY_COMMANDS[argv[0]]
+        print(f"rayfabric: `{argv[0]}` is now `rayfabric {' '.join(new)}`", file=sys.stderr)
+        argv = new + argv[1:]
+    if argv and argv[0] in ("demo", "doctor", "bench"):
         # rayfabric's own programs measure against Ray alone and turn transparent mode on where
         # they mean to: the installed package's start-up hook stays out of their jobs (drivers, and
         # the workers of the clusters they start or, through the driver's record, join).
@@ -107,34 +168,9 @@ def main(argv=None):
             print(f"rayfabric {argv[0]}: needs numpy, which the rayfabric library does not: "
                   "pip install 'rayfabric[bench]' (or pip install numpy)", file=sys.stderr)
             return 2
-        if argv[0] == "bench-args":
-            from rayfabric import bench_args
-            return bench_args.main(rest)
-        if argv[0] == "demo":
-            from rayfabric import demo
-            return demo.main(rest)
-        if argv[0] == "doctor":
-            from rayfabric import doctor
-            return doctor.main(rest)
-        if "--rails" in rest:  # `rayfabric bench --rails ...`: one rail vs two on shaped links
-            from rayfabric import bench_rails
-            return bench_rails.main([x for x in rest if x != "--rails"])
-        if "--broadcast" in rest:  # `rayfabric bench --broadcast ...`: one object to every node
-            from rayfabric import bench_broadcast
-            return bench_broadcast.main([x for x in rest if x != "--broadcast"])
-        if any(x == "--link" or x.startswith("--link=") for x in rest):
-            # `rayfabric bench --link RATES ...` (no --rails, --broadcast): one shaped link, Ray and
-            # rayfabric next to the raw ceilings over the same link
-            from rayfabric import bench_link
-            return bench_link.main(rest)
-        if "--tensors" in rest:  # `rayfabric bench --tensors ...`: actor-to-actor tensors, RDT
-            from rayfabric import bench_tensors
-            return bench_tensors.main([x for x in rest if x != "--tensors"])
-        if "--args" in rest:  # `rayfabric bench --args ...`: the call-argument cases
-            from rayfabric import bench_args
-            return bench_args.main([x for x in rest if x != "--args"])
-        from rayfabric import bench
-        return bench.main(rest)
+        if argv[0] == "bench":
+            return _bench(argv[1:])
+        return importlib.import_module(f"rayfabric.tools.{argv[0]}").main(argv[1:])
     a = p.parse_args(argv)
     import rayfabric
     _connect(a.address)

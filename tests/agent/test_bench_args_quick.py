@@ -1,4 +1,4 @@
-"""`rayfabric bench-args` in a tiny form against its embedded 3-node cluster: both paths of each
+"""`rayfabric bench args` in a tiny form against its embedded 3-node cluster: both paths of each
 case (a reduce, an actor's calls, actors' creation) run and verify every result; the
 default-scheduled reduce ran every task where the hook predicted Ray would, its agent read the
 blocks it lacked, and Ray's own object managers received none of their bytes (they received every
@@ -16,7 +16,7 @@ def test_reduce_and_actor_cases(tmp_path):
     out = tmp_path / "bench-args.json"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.abspath(PYTHON_DIR) + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [sys.executable, "-m", "rayfabric", "bench-args", "--cases", "reduce,actor,create", "--blocks", "4",
+    cmd = [sys.executable, "-m", "rayfabric", "bench", "args", "--cases", "reduce,actor,create", "--blocks", "4",
            "--block-mib", "2", "--rounds", "1", "--json", str(out)]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=500)
     assert p.returncode == 0, f"{cmd} -> {p.returncode}\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"

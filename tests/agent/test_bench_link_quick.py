@@ -1,5 +1,5 @@
-"""`rayfabric bench --link 2gbit --quick --congestion NAME` as a user runs it (the CI form of the
-link bench): two `ray start` nodes in network namespaces, one tc-shaped link, Ray and rayfabric
+"""`rayfabric bench link --link 2gbit --quick --congestion NAME` as a user runs it (the CI form of
+the link bench): two `ray start` nodes in network namespaces, one tc-shaped link, Ray and rayfabric
 next to raw fi_read and TCP, every byte verified. NAME is an algorithm the kernel has other than
 the host's default (cubic on Debian's kernel, where a fresh machine allows only `reno bbr` in
 namespaces), run twice:
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from rayfabric import bench_link, netns
+from rayfabric.bench import link as bench_link
+from rayfabric.tools import netns
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,7 +46,7 @@ def spare():
 
 
 def bench(name, **kw):
-    cmd = [sys.executable, "-m", "rayfabric", "bench", "--link", "2gbit", "--quick", "--congestion", name]
+    cmd = [sys.executable, "-m", "rayfabric", "bench", "link", "--link", "2gbit", "--quick", "--congestion", name]
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, **kw)
 

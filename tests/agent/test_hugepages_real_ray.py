@@ -38,8 +38,8 @@ import ray
 from ray.cluster_utils import Cluster
 
 import rayfabric
-from rayfabric import doctor
-from rayfabric import hugepages as rayfabric_hugepages
+from rayfabric.tools import doctor
+from rayfabric.tools import hugepages as rayfabric_hugepages
 
 from ray_test_cluster import node_ids, on, produce, use_this_checkout
 
@@ -96,7 +96,7 @@ def hugetlb_mappings(pid, under):
 @pytest.fixture(scope="module")
 def hugepages():
     """{node name: hugetlbfs mount}, with PAGES_WANTED more 2 MiB pages reserved; undone afterwards
-    (rayfabric.hugepages: a janitor process restores them however this process ends)."""
+    (rayfabric.tools.hugepages: a janitor process restores them however this process ends)."""
     try:
         with rayfabric_hugepages.mounts(NODES, PAGES_WANTED) as dirs:
             yield dirs

@@ -16,7 +16,7 @@ import shutil
 
 import pytest
 
-from rayfabric import netns
+from rayfabric.tools import netns
 
 MiB = 1 << 20
 

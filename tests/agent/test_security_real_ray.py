@@ -31,7 +31,7 @@ import rayfabric
 from rayfabric import agent_pb2 as pb
 from rayfabric._client import (AgentClient, PullSocketClient, PullSocketImpostor, PullSocketUnavailable, error_name,
                                make_channel)
-from rayfabric.bench import raylet_pid
+from rayfabric.bench.objects import raylet_pid
 
 from agent_front import AgentFront
 from ray_test_cluster import node_ids, on, produce, use_this_checkout

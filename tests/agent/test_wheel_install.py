@@ -59,7 +59,7 @@ def test_installed_package_holds_its_binaries(venv):
     assert os.path.exists(os.path.join(venv["root"], "venv", "bin", "rayfabric"))  # the console script
     # `rayfabric doctor` asks the engine through the tool the package holds (not PATH, not build/)
     tool = run(venv, venv["py"], "-c",
-               "import rayfabric.doctor as d; print(d.find_engine_tool()[0])").stdout.strip()
+               "import rayfabric.tools.doctor as d; print(d.find_engine_tool()[0])").stdout.strip()
     assert tool == os.path.join(pkg, "_bin", "tools", "fabric_info", "rayfabric-fabric-info"), tool
 
 

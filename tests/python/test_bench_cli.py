@@ -1,7 +1,10 @@
-"""`rayfabric bench --link` refuses what it cannot do before it makes any namespace; `rayfabric
-bench --report` says what TCP congestion control the runs it merges recorded."""
+"""`rayfabric bench VARIANT` starts that variant's program (the older flag forms too, with a note
+naming the new one; an unknown variant is refused); `rayfabric bench link` refuses what it cannot
+do before it makes any namespace; `rayfabric bench --report` says what TCP congestion control the
+runs it merges recorded."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -14,7 +17,9 @@ sys.path.insert(0, str(ROOT / "python"))
 
 import pytest  # noqa: E402
 
-from rayfabric import bench_link, netns  # noqa: E402
+from rayfabric import cli  # noqa: E402
+from rayfabric.bench import link as bench_link  # noqa: E402
+from rayfabric.tools import netns  # noqa: E402
 
 
 def run_bench(*args):
@@ -24,7 +29,132 @@ def run_bench(*args):
 
 
 def run(*args):
-    return run_bench("--link", *args)
+    return run_bench("link", "--link", *args)
+
+
+# `rayfabric bench VARIANT`: each variant's program, known by its own usage line (its argparse prog).
+USAGE = {"objects": "usage: rayfabric bench objects ", "link": "usage: rayfabric bench link ",
+         "rails": "usage: rayfabric bench rails ", "broadcast": "usage: rayfabric bench broadcast ",
+         "tensors": "usage: rayfabric bench tensors ", "args": "usage: rayfabric bench args "}
+# The forms from before the subcommands and the variant each is: the same program, a note on stderr.
+LEGACY = [(["--rails"], "rails", "bench --rails"), (["--broadcast"], "broadcast", "bench --broadcast"),
+          (["--link", "2gbit"], "link", "bench --link"), (["--link=2gbit"], "link", "bench --link"),
+          (["--tensors"], "tensors", "bench --tensors"), (["--args"], "args", "bench --args"),
+          # the first of the table's flags wins, as before: rails' and broadcast's own --link option
+          (["--quick", "--rails", "--link", "1gbit"], "rails", "bench --rails"),
+          (["--broadcast", "--link", "1gbit"], "broadcast", "bench --broadcast")]
+
+
+def cli_main(argv, capsys, monkeypatch):
+    """(exit status, stdout, stderr) of `rayfabric ARGV` in this process (every program imported
+    once), argparse's own exits (--help, refusals) included."""
+    monkeypatch.setenv("RAYFABRIC_AUTOLOAD", "0")   # the CLI sets it for its programs: put back after
+    try:
+        rc = cli.main(argv)
+    except SystemExit as e:
+        rc = e.code
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def _importable(variant):
+    """The tensors bench needs torch at its import (the rdt extra)."""
+    return variant != "tensors" or importlib.util.find_spec("torch") is not None
+
+
+@pytest.mark.parametrize("variant", sorted(USAGE))
+def test_each_variant_starts_its_own_program(variant, capsys, monkeypatch):
+    if not _importable(variant):
+        pytest.skip("torch not installed: the tensors bench needs it")
+    rc, out, err = cli_main(["bench", variant, "--help"], capsys, monkeypatch)
+    assert rc == 0 and out.startswith(USAGE[variant]), (out[:300], err)
+    assert "is now" not in err, err   # no note for the new form
+    # only that program: no other variant's usage
+    assert not [v for v, u in USAGE.items() if v != variant and u in out], out[:300]
+
+
+def test_no_variant_is_the_objects_bench(capsys, monkeypatch):
+    _, objects_help, _ = cli_main(["bench", "objects", "--help"], capsys, monkeypatch)
+    # `bench ARGS` and `bench objects ARGS` are one program with the same arguments: the same
+    # refusal of the same bad value, without a note
+    for argv in (["bench", "--reps", "x"], ["bench", "objects", "--reps", "x"]):
+        rc, out, err = cli_main(argv, capsys, monkeypatch)
+        assert rc == 2 and err.startswith("usage: rayfabric bench objects ") and "--reps: invalid int value" in err, err
+        assert "is now" not in err
+    assert "--huge-pages" in objects_help and "--all-providers" in objects_help
+
+
+@pytest.mark.parametrize("legacy,variant,said", LEGACY, ids=[" ".join(x[0]) for x in LEGACY])
+def test_each_older_form_starts_the_same_program_with_a_note(legacy, variant, said, capsys, monkeypatch):
+    if not _importable(variant):
+        pytest.skip("torch not installed: the tensors bench needs it")
+    rc, out, err = cli_main(["bench", *legacy, "--help"], capsys, monkeypatch)
+    assert rc == 0 and out.startswith(USAGE[variant]), (out[:300], err)
+    assert err.splitlines() == [f"rayfabric: `{said}` is now `rayfabric bench {variant}`"], err
+
+
+def test_older_forms_pass_the_same_arguments():
+    assert cli.bench_variant(["--quick", "--rails", "--link", "1gbit"]) == ("rails", ["--quick", "--link", "1gbit"],
+                                                                            "--rails")
+    assert cli.bench_variant(["--broadcast", "--nodes", "8"]) == ("broadcast", ["--nodes", "8"], "--broadcast")
+    # --link is the link bench's own option (its rates): kept
+    assert cli.bench_variant(["--link", "2gbit", "--quick"]) == ("link", ["--link", "2gbit", "--quick"], "--link")
+    assert cli.bench_variant(["--link=2gbit"]) == ("link", ["--link=2gbit"], "--link")
+    assert cli.bench_variant(["--tensors", "--quick"]) == ("tensors", ["--quick"], "--tensors")
+    assert cli.bench_variant(["--rounds", "1", "--args"]) == ("args", ["--rounds", "1"], "--args")
+    assert cli.bench_variant(["link", "--link", "2gbit"]) == ("link", ["--link", "2gbit"], None)
+    assert cli.bench_variant(["--quick"]) == ("objects", ["--quick"], None)
+    assert cli.bench_variant([]) == ("objects", [], None)
+
+
+def test_an_older_form_runs_the_program_with_its_arguments(capsys, monkeypatch):
+    """Not only --help: the link bench's own refusal of its own option, by both forms."""
+    for argv in (["bench", "link", "--link", ""], ["bench", "--link", ""], ["bench", "--link="]):
+        rc, out, err = cli_main([*argv, "--sizes", "1M"], capsys, monkeypatch)
+        assert rc == 2 and "rayfabric bench link: error: --link: no rate given" in err, (argv, err)
+    rc, out, err = cli_main(["bench", "--args", "--steps", "many"], capsys, monkeypatch)
+    assert rc == 2 and "rayfabric bench args: error: argument --steps: invalid int value" in err, err
+    assert err.startswith("rayfabric: `bench --args` is now `rayfabric bench args`\n"), err
+
+
+def test_bench_args_command_is_bench_args(capsys, monkeypatch):
+    rc, out, err = cli_main(["bench-args", "--help"], capsys, monkeypatch)
+    assert rc == 0 and out.startswith(USAGE["args"]), out[:300]
+    assert err.splitlines() == ["rayfabric: `bench-args` is now `rayfabric bench args`"], err
+
+
+def test_bench_help_lists_the_variants_and_an_unknown_one_is_refused():
+    p = run_bench("--help")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("usage: rayfabric bench [VARIANT] [ARGS ...]\n"), p.stdout
+    listed = [line.split()[0] for line in p.stdout.split("variants:\n", 1)[1].split("\n\n", 1)[0].splitlines()]
+    assert listed == list(cli.BENCHES) == ["objects", "link", "rails", "broadcast", "tensors", "args"], listed
+    for variant in cli.BENCHES:
+        assert os.path.exists(ROOT / "python" / "rayfabric" / "bench" / f"{variant}.py"), variant
+    p = run_bench("linkk", "--quick")
+    assert p.returncode == 2 and p.stdout == "", p
+    assert p.stderr == ("rayfabric bench: unknown variant 'linkk' (choose from objects, link, rails, broadcast, "
+                        "tensors, args; `rayfabric bench --help`)\n"), p.stderr
+    # the whole command's help names the bench and its variants
+    p = subprocess.run([sys.executable, "-m", "rayfabric", "--help"], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT / "python")))
+    assert p.returncode == 0 and "rayfabric bench [VARIANT]" in p.stdout and "objects, link, rails" in p.stdout
+
+
+def test_the_tools_start_from_the_cli_and_as_modules(capsys, monkeypatch):
+    rc, out, err = cli_main(["doctor", "--help"], capsys, monkeypatch)
+    assert rc == 0 and out.startswith("usage: rayfabric doctor "), out[:300]
+    rc, out, err = cli_main(["demo", "--help"], capsys, monkeypatch)
+    assert rc == 0 and out.startswith("usage: rayfabric demo "), out[:300]
+    demo_help = out
+    # a program run as a module prints the same help as through the command
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    for module, cli_help in (("rayfabric.tools.demo", demo_help), ("rayfabric.tools.doctor", None)):
+        p = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120,
+                           env=env)
+        assert p.returncode == 0 and p.stdout.startswith("usage: rayfabric "), (module, p)
+        if cli_help is not None:
+            assert p.stdout == cli_help, module
 
 
 needs_lists = pytest.mark.skipif(bench_link.congestion_list("allowed") is None,
@@ -137,7 +267,7 @@ def test_the_list_is_set_back_when_the_run_is_killed(allowed_list):
     name, host = allowed_list
     write_allowed([n for n in host if n != name])
     before = read_allowed()
-    child = subprocess.Popen([sys.executable, "-c", f"from rayfabric import netns; import time\n"
+    child = subprocess.Popen([sys.executable, "-c", f"from rayfabric.tools import netns; import time\n"
                               f"netns.CongestionAllowed({name!r}).apply(); print('widened', flush=True); "
                               "time.sleep(600)"], stdout=subprocess.PIPE, text=True,
                              env=dict(os.environ, PYTHONPATH=str(ROOT / "python")))
@@ -161,7 +291,7 @@ def test_a_list_that_cannot_be_written_is_a_clear_error_and_changes_nothing(allo
     write_allowed([n for n in host if n != name])
     before = read_allowed()
     read_only_proc_sys = "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && exec \"$@\""
-    code = ("from rayfabric import netns\n"
+    code = ("from rayfabric.tools import netns\n"
             "try:\n"
             f"    netns.CongestionAllowed({name!r}).apply()\n"
             "except RuntimeError as e:\n"
@@ -245,11 +375,12 @@ def test_the_library_needs_no_numpy_and_the_programs_say_they_do():
                           "rayfabric.args, rayfabric.waits, rayfabric.rdt, rayfabric.cli; print('imported')"],
                          capture_output=True, text=True, timeout=120, env=env)
     assert lib.returncode == 0 and "imported" in lib.stdout, lib.stderr
-    for program in ("bench", "bench-args", "demo"):
+    for argv, program in ((["bench"], "bench"), (["bench", "args"], "bench"), (["bench-args"], "bench"),
+                          (["demo"], "demo")):
         out = subprocess.run([sys.executable, "-c", NO_NUMPY + "from rayfabric import cli; "
-                              f"sys.exit(cli.main([{program!r}, '--help']))"],
+                              f"sys.exit(cli.main({argv + ['--help']!r}))"],
                              capture_output=True, text=True, timeout=120, env=env)
-        assert out.returncode == 2, (program, out)
+        assert out.returncode == 2, (argv, out)
         assert f"rayfabric {program}: needs numpy" in out.stderr and "rayfabric[bench]" in out.stderr, out.stderr
     toml = (ROOT / "pyproject.toml").read_text()
     deps = toml.split("dependencies = [", 1)[1].split("]", 1)[0]

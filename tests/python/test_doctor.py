@@ -1,4 +1,4 @@
-"""Tests for python/rayfabric/doctor.py.
+"""Tests for python/rayfabric/tools/doctor.py.
 
 Every finding the doctor can print is produced here from real-looking inputs: a temp dir
 laid out like /sys/class/infiniband (values as seen on Soft-RoCE rxe, mlx5 and EFA),
@@ -25,10 +25,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "python"))
 
-from rayfabric import doctor  # noqa: E402
-from rayfabric.doctor import ERROR, INFO, WARNING, FiRun  # noqa: E402
+from rayfabric.tools import doctor  # noqa: E402
+from rayfabric.tools.doctor import ERROR, INFO, WARNING, FiRun  # noqa: E402
 
-DOCTOR = ROOT / "python" / "rayfabric" / "doctor.py"
+DOCTOR = ROOT / "python" / "rayfabric" / "tools" / "doctor.py"
 GiB, MiB = 1 << 30, 1 << 20
 INF = resource.RLIM_INFINITY
 
@@ -859,6 +859,15 @@ def test_every_finding_code_has_a_test():
     here = Path(__file__).read_text()
     untested = sorted(c for c in emitted if f'"{c}"' not in here)
     assert not untested, f"findings without a test: {untested}"
+
+
+def test_runs_by_path_on_the_standard_library_alone(tmp_path):
+    """As a script by its path, from elsewhere, with no site-packages (-S) and no PYTHONPATH or
+    current folder (-I): it finds the library modules it reports from beside its own folder."""
+    p = subprocess.run([sys.executable, "-I", "-S", str(DOCTOR), "--json", "--store-bytes", "1M"],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode in (0, 1), p.stderr
+    assert json.loads(p.stdout)["findings"], p.stdout[:500]
 
 
 def test_bad_store_bytes_is_a_usage_error():

@@ -1,6 +1,6 @@
-"""rayfabric.hugepages (what `rayfabric bench --huge-pages` and the huge-page agent test stand on):
-pages reserved and hugetlbfs mounted for real, and everything given back, at a normal exit and when
-the process that asked is SIGKILLed; the refusals say why.
+"""rayfabric.tools.hugepages (what `rayfabric bench --huge-pages` and the huge-page agent test stand
+on): pages reserved and hugetlbfs mounted for real, and everything given back, at a normal exit and
+when the process that asked is SIGKILLed; the refusals say why.
 
 Run: python3 -m pytest tests/python/test_hugepages.py (as root for the reserving tests)."""
 import os
@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "python"))
 
-from rayfabric import hugepages  # noqa: E402
+from rayfabric.tools import hugepages  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
 
@@ -43,7 +43,7 @@ def test_bench_refuses_huge_pages_on_a_cluster_it_did_not_start():
 def test_without_root_nothing_is_changed_and_the_reason_is_given():
     # As root: imported first (Ray's files may be readable by root only), then root dropped.
     code = ("import os\n"
-            "from rayfabric import hugepages\n"
+            "from rayfabric.tools import hugepages\n"
             "if os.geteuid() == 0:\n"
             "    os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
             "try:\n"
@@ -95,7 +95,7 @@ def test_a_killed_owner_leaves_nothing_behind():
     reserving()
     before = nr_hugepages()
     code = ("import sys, time\n"
-            "from rayfabric import hugepages\n"
+            "from rayfabric.tools import hugepages\n"
             "try:\n"
             "    with hugepages.mounts(['k'], 4) as dirs:\n"
             "        print('MOUNTED', dirs['k'], flush=True)\n"
@@ -155,7 +155,7 @@ def test_a_reservation_the_kernel_refuses_changes_nothing_and_says_why(tmp_path)
     reserving()
     if subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0:
         pytest.skip("unshare --mount is not available here")
-    code = ("from rayfabric import hugepages\n"
+    code = ("from rayfabric.tools import hugepages\n"
             "try:\n"
             "    with hugepages.mounts(['e', 'f'], 4):\n"
             "        print('MOUNTED')\n"

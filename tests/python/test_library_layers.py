@@ -1,44 +1,95 @@
 """The Python library's modules import one another one way (no cycle, the package's __init__
 included), never the programs, and the standard-library-only ones stay so. Read from the source
-(every import statement, at module level or inside a function)."""
+(every import statement, at module level or inside a function).
+
+Modules are named as inside the package: "api", "_agents", "bench.objects", "tools.doctor"; a
+package's __init__ by its own name ("__init__" for rayfabric's, "bench", "tools")."""
 import ast
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "python" / "rayfabric"
-# The programs (benchmarks, demo, doctor, namespaces, huge pages): they may import the library.
-PROGRAMS = {"bench", "bench_args", "bench_broadcast", "bench_link", "bench_rails", "bench_tensors", "demo",
-            "doctor", "netns", "hugepages"}
+# The programs: everything under rayfabric/bench/ (the benchmarks) and rayfabric/tools/ (doctor, demo,
+# network namespaces, huge pages). They may import the library and one another.
+PROGRAM_PACKAGES = ("bench", "tools")
 # Imported by the start-up hook, the doctor run as a script, or at the package's import before
 # anything else: the standard library only.
 STDLIB_ONLY = {"settings", "launch_env", "_paths"}
-MODULES = {p.stem for p in PACKAGE.glob("*.py")}
+
+
+def _name(path):
+    rel = path.relative_to(PACKAGE).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts) or "__init__"
+
+
+FILES = {_name(p): p for p in PACKAGE.rglob("*.py") if "_bin" not in p.parts}
+MODULES = set(FILES)
+
+
+def is_program(m):
+    return m.split(".")[0] in PROGRAM_PACKAGES
+
+
+PROGRAMS = {m for m in MODULES if is_program(m)}
 LIBRARY = MODULES - PROGRAMS
+
+
+def _resolve(dotted):
+    """The module a dotted name under rayfabric is (its longest prefix that is one)."""
+    parts = dotted.split(".") if dotted else []
+    while parts and ".".join(parts) not in MODULES:
+        parts.pop()
+    return ".".join(parts) or "__init__"
 
 
 def imports_of(module):
     """(rayfabric modules, other top-level packages) that `module` imports anywhere in it."""
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    tree = ast.parse(FILES[module].read_text())
+    is_pkg = FILES[module].name == "__init__.py"
+    here = [] if module == "__init__" else module.split(".")
     ours, others = set(), set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            parts = node.module.split(".")
-            if parts[0] != "rayfabric":
-                others.add(parts[0])
-            elif len(parts) > 1:
-                ours.add(parts[1])
-            else:  # from rayfabric import x: the module x, or a name of the package's __init__
-                ours |= {a.name if a.name in MODULES else "__init__" for a in node.names}
+        if isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from the module's own package, up level - 1
+                base = here if is_pkg else here[:-1]
+                base = base[:len(base) - (node.level - 1)]
+                inside = ".".join(base + (node.module.split(".") if node.module else []))
+            elif node.module and node.module.split(".")[0] == "rayfabric":
+                inside = node.module.partition(".")[2]
+            else:
+                others.add(node.module.split(".")[0])
+                continue
+            for a in node.names:  # from rayfabric.x import y: the module x.y, or a name of x
+                sub = f"{inside}.{a.name}" if inside else a.name
+                ours.add(sub if sub in MODULES else _resolve(inside))
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 parts = alias.name.split(".")
                 if parts[0] != "rayfabric":
                     others.add(parts[0])
-                else:
-                    ours.add(parts[1] if len(parts) > 1 else "__init__")
+                else:  # import rayfabric.a.b: rayfabric's __init__, a's, ..., and a.b
+                    ours.add("__init__")
+                    ours |= {_resolve(".".join(parts[1:i + 1])) for i in range(1, len(parts))}
     ours.discard(module)
     return ours, others
+
+
+def test_the_programs_are_where_the_layout_says():
+    assert {"bench.objects", "bench.args", "bench.broadcast", "bench.link", "bench.rails", "bench.tensors",
+            "tools.doctor", "tools.netns", "tools.hugepages", "tools.demo"} <= PROGRAMS
+    assert {"api", "cli", "transparent", "args", "rdt", "settings", "_agents"} <= LIBRARY
+    # no program left beside the library
+    flat = {p.stem for p in PACKAGE.glob("*.py")}
+    assert not flat & {"bench", "bench_args", "bench_broadcast", "bench_link", "bench_rails", "bench_tensors",
+                       "demo", "doctor", "netns", "hugepages"}, flat
+
+
+def test_imports_are_read_as_modules():
+    assert imports_of("bench.link")[0] >= {"bench.objects", "tools.netns", "__init__"}
+    assert "tools.doctor" in imports_of("tools.hugepages")[0]
+    assert "rdt" in imports_of("bench.tensors")[0]
 
 
 def test_no_import_cycle_in_the_library():
@@ -64,9 +115,34 @@ def test_the_library_imports_no_program():
         assert not imports_of(m)[0] & PROGRAMS, (m, imports_of(m)[0] & PROGRAMS)
 
 
+def test_the_cli_starts_the_programs_by_name_only():
+    """cli.py names its programs as strings (importlib), never at its import: `rayfabric status`
+    loads no benchmark and no numpy."""
+    assert not imports_of("cli")[0] & PROGRAMS, imports_of("cli")[0] & PROGRAMS
+
+
+def test_numpy_only_in_the_programs():
+    """numpy is no dependency of the package (pyproject.toml: the bench extra): the library never
+    imports it, anywhere in a module; the programs that do are the ones `rayfabric bench`, `demo`
+    check it for."""
+    assert not [m for m in sorted(LIBRARY) if "numpy" in imports_of(m)[1]]
+    assert {m for m in PROGRAMS if "numpy" in imports_of(m)[1]} >= {"bench.objects", "bench.args", "tools.demo"}
+
+
 def test_standard_library_only_modules():
     stdlib = set(sys.stdlib_module_names)
     for m in sorted(STDLIB_ONLY):
         ours, others = imports_of(m)
         assert not ours, (m, ours)
         assert others <= stdlib, (m, others - stdlib)
+
+
+def test_the_doctor_runs_by_path_on_the_standard_library():
+    """tools/doctor.py runs as a plain script (python3 python/rayfabric/tools/doctor.py): what it
+    imports of rayfabric are standard-library-only modules of the library (found by path, in the
+    folder above its own), the rest is the standard library."""
+    ours, others = imports_of("tools.doctor")
+    assert ours <= STDLIB_ONLY, ours - STDLIB_ONLY
+    # run as a script: `import settings`, `from launch_env import ...` (top-level names)
+    assert others <= set(sys.stdlib_module_names) | STDLIB_ONLY, others - set(sys.stdlib_module_names)
+    assert (PACKAGE / "tools" / "doctor.py").is_file() and all((PACKAGE / f"{m}.py").is_file() for m in ours)

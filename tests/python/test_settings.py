@@ -117,9 +117,9 @@ def test_a_bad_pending_mode_is_refused_with_both_choices():
 sys.path.insert(0, str(ROOT / "python"))
 from rayfabric import settings  # noqa: E402
 
-# The Python library's modules (not its programs: benchmarks, demo, doctor, netns, hugepages).
-PROGRAMS = {"bench", "bench_args", "bench_broadcast", "bench_link", "bench_rails", "bench_tensors", "demo",
-            "doctor", "netns", "hugepages"}
+# The Python library's modules: the package's own files (its programs are in rayfabric/bench/ and
+# rayfabric/tools/: benchmarks, demo, doctor, netns, hugepages).
+LIBRARY_FILES = sorted((ROOT / "python" / "rayfabric").glob("*.py"))
 # Variables the package sets for itself, never a user's setting.
 INTERNAL = {"RAYFABRIC_AUTOLOAD_CHAINED_SETUP_HOOK"}
 
@@ -154,8 +154,9 @@ def test_the_two_tables_share_no_name_and_cover_every_variable_the_library_reads
     for row in engine:
         assert row["type"] and row["allows"] and row["doc"] and row["source"] == "default", row
     mentioned = {}
-    for f in list((ROOT / "python" / "rayfabric").glob("*.py")) + [ROOT / "python" / "_rayfabric_autoload.py"]:
-        if f.stem in PROGRAMS or f.stem.endswith("_pb2"):
+    assert any(f.stem == "api" for f in LIBRARY_FILES) and not any(f.stem == "doctor" for f in LIBRARY_FILES)
+    for f in LIBRARY_FILES + [ROOT / "python" / "_rayfabric_autoload.py"]:
+        if f.stem.endswith("_pb2"):
             continue
         for var in re.findall(r"RAYFABRIC_[A-Z_]+", f.read_text()):
             mentioned.setdefault(var, set()).add(f.name)
@@ -190,7 +191,7 @@ def test_doctor_lists_every_setting_and_flags_the_bad_ones():
     engine_table()  # skips without the build
     bin_dir = os.environ.get("RAYFABRIC_BIN_DIR") or str(ROOT / "build")
     base = {k: v for k, v in os.environ.items() if not k.startswith("RAYFABRIC_")}
-    doctor = [sys.executable, str(ROOT / "python" / "rayfabric" / "doctor.py"), "--settings"]
+    doctor = [sys.executable, str(ROOT / "python" / "rayfabric" / "tools" / "doctor.py"), "--settings"]
     good = subprocess.run(doctor, capture_output=True, text=True, timeout=120, env={**base, "RAYFABRIC_BIN_DIR": bin_dir})
     assert good.returncode == 0, good.stdout + good.stderr
     for s in settings.TABLE:

@@ -9,7 +9,7 @@
 #                  when the guest has 2 rails)
 #   fi_pingpong    `fi_pingpong -p "verbs;ofi_rxm" -e rdm -c` (data checks), server on
 #                  rxe0, client on rxe1 -> 10.77.0.1: a smoke test of the guest itself
-#   doctor         python/rayfabric/doctor.py must find RDMA usable in the guest, and the
+#   doctor         python/rayfabric/tools/doctor.py must find RDMA usable in the guest, and the
 #                  engine (BUILD_DIR's rayfabric-fabric-info) must choose verbs;ofi_rxm
 #   PROJECT_CHECKS the project's binaries from BUILD_DIR (list below). A binary that does
 #                  not exist FAILS ("missing"); it is never skipped. Each one must print
@@ -203,7 +203,7 @@ check_pingpong() {
 
 check_doctor() {
     local limit; limit=$(budget_for 90)     # 17-35 s measured (fi_info x4 + rayfabric-fabric-info)
-    local doc="$SOURCE_ROOT/python/rayfabric/doctor.py"
+    local doc="$SOURCE_ROOT/python/rayfabric/tools/doctor.py"
     guest_say "CHECK doctor: python3 $doc (must find RDMA usable, engine on $EXPECTED_PROVIDER) [limit ${limit}s]"
     if [ "$limit" -le 0 ]; then record FAIL doctor 0 "no time left (GUEST_TIMEOUT)"; return; fi
     if [ ! -f "$doc" ]; then record FAIL doctor 0 "missing: $doc"; return; fi

@@ -1,10 +1,11 @@
-"""rayfabric bench --link: Ray and rayfabric on a wire that is the bottleneck, next to raw ceilings.
+"""rayfabric bench link: Ray and rayfabric on a wire that is the bottleneck, next to raw ceilings.
 
-  python3 -m rayfabric bench --link 2gbit,10gbit,25gbit [--sizes 64M,512M] [--reps 3] [--congestion cubic]
-                             [--quick] [--json F]
+  python3 -m rayfabric bench link [--link 2gbit,10gbit,25gbit] [--sizes 64M,512M] [--reps 3]
+                                  [--congestion cubic] [--quick] [--json F]
+  (also `rayfabric bench --link RATES ...`, the form from before the subcommands)
 
-Two Ray nodes, each started with `ray start` in its own network namespace (rayfabric.netns), joined
-by one veth pair shaped with tc to each rate in turn (both directions). Per rate, over that link:
+Two Ray nodes, each started with `ray start` in its own network namespace (rayfabric.tools.netns),
+joined by one veth pair shaped with tc to each rate in turn (both directions). Per rate, over that link:
   raw TCP     a TCP stream between two processes (rayfabric-bench's ceiling)
   raw read    fi_read between two processes, same provider, into memory already mapped
               (rayfabric-bench --listen in node B's namespace, --peer in node A's)
@@ -39,8 +40,9 @@ import tempfile
 import threading
 import time
 
-from rayfabric import bin_dir, netns
-from rayfabric.bench import parse_size, tcp_sysctl
+from rayfabric import bin_dir
+from rayfabric.bench.objects import parse_size, tcp_sysctl
+from rayfabric.tools import netns
 
 MiB = 1 << 20
 RAW_PORT = 7311
@@ -51,7 +53,7 @@ NETNS = namespace_inodes({"A": None, "B": cfg["other_ns"]})
 @ray.remote(num_cpus=0, resources={"nA": 0.01})
 def fetch(refs, how):
     import rayfabric as rf
-    from rayfabric.bench import PHASE_KEYS, _instrument  # where rayfabric.get's time goes
+    from rayfabric.bench.objects import PHASE_KEYS, _instrument  # where rayfabric.get's time goes
     phases = _instrument()
     for k in PHASE_KEYS:
         phases[k] = 0.0
@@ -232,7 +234,7 @@ def run_links(a, rates, sizes, allowance):
                         "nB": {"RAYFABRIC_DOMAIN": dev_b, "RAYFABRIC_PROVIDER": a.provider}}}
     extra = {k: os.environ[k] for k in ("PYTHONPATH", "RAYFABRIC_BIN_DIR") if k in os.environ}
     pair = netns.NetnsPair(links=1, store_bytes=max(300 * MiB, 4 * max(sizes)), congestion=a.congestion)
-    print(f"rayfabric bench --link: 2 nodes in network namespaces, one link shaped to {', '.join(rates)} in turn; "
+    print(f"rayfabric bench link: 2 nodes in network namespaces, one link shaped to {', '.join(rates)} in turn; "
           f"objects of {', '.join(f'{s // MiB} MiB' for s in sizes)}; {a.reps} repetitions (+1 warm-up); "
           f"{a.provider}", flush=True)
     if allowance is not None and allowance.widened:
@@ -242,7 +244,7 @@ def run_links(a, rates, sizes, allowance):
         try:
             pair.start()
         except RuntimeError as e:  # a command that set up the namespaces or Ray in them failed
-            raise SystemExit(f"rayfabric bench --link: could not start the two nodes: {e}") from e
+            raise SystemExit(f"rayfabric bench link: could not start the two nodes: {e}") from e
         # The source's side (B) sends the bytes, so its setting paces them; both are read.
         seen = {ns: congestion_in(ns) for ns in (netns.NAMESPACES[1], netns.NAMESPACES[0])}
         congestion = seen[netns.NAMESPACES[1]] if len(set(seen.values())) == 1 else (
@@ -250,7 +252,7 @@ def run_links(a, rates, sizes, allowance):
         print(f"  TCP congestion control in the namespaces: {congestion or 'unreadable'}"
               + ("" if a.congestion else " (a new namespace's default: the initial namespace's)"), flush=True)
         if a.congestion and set(seen.values()) != {a.congestion}:
-            raise SystemExit(f"rayfabric bench --link: asked for --congestion {a.congestion}, the namespaces have "
+            raise SystemExit(f"rayfabric bench link: asked for --congestion {a.congestion}, the namespaces have "
                              f"{congestion or 'a setting that could not be read'}")
         for rate in rates:
             pair.shape(rate)
@@ -270,7 +272,7 @@ def run_links(a, rates, sizes, allowance):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="rayfabric bench --link", description=__doc__,
+    p = argparse.ArgumentParser(prog="rayfabric bench link", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--link", default="2gbit,10gbit,25gbit", help="tc rates, comma list (e.g. 2gbit,10gbit)")
     p.add_argument("--sizes", default="64M,512M", help="object sizes, comma list (default 64M,512M)")
@@ -304,7 +306,7 @@ def main(argv=None):
         p.error("--reps: at least 1")
     why = netns.NetnsPair.available()
     if why:
-        print(f"rayfabric bench --link: cannot run here: {why}")
+        print(f"rayfabric bench link: cannot run here: {why}")
         return 77  # "skipped" to meson
     if a.congestion:
         why_not = congestion_refusal(a.congestion)

@@ -4,7 +4,7 @@ link, with addresses from documentation ranges (never the host's own networks). 
 carries Ray (the nodes' IPs); the others are further interfaces (rails, or a side network). Links
 can be shaped with `tc` to a rate, so that the wire, not this host's CPU, is the bottleneck.
 
-Used by the tests (tests/agent/test_netns_interface.py) and `rayfabric bench --rails`. Needs root
+Used by the tests (tests/agent/test_netns_interface.py) and `rayfabric bench rails`. Needs root
 and iproute2; `NetnsPair.available()` says why not otherwise. Namespaces do not isolate PIDs:
 Ray's processes are stopped by the namespaces' own PID lists, never by `ray stop`."""
 import json

@@ -1,9 +1,10 @@
-"""rayfabric bench: Ray's own cross-node object transfer and rayfabric's, side by side, on the same
-kinds of objects, in the same run, next to the raw fabric ceiling measured in that run.
+"""rayfabric bench objects: Ray's own cross-node object transfer and rayfabric's, side by side, on
+the same kinds of objects, in the same run, next to the raw fabric ceiling measured in that run.
+`rayfabric bench` with no variant runs it.
 
-    rayfabric bench [--quick] [--json FILE] [--plots DIR] [--address ADDR] [--provider NAME]
-                    [--all-providers] [--sizes 64K,1M,16M,256M,1G]
-                    [--cases single,owned,many,fanout,fanin]
+    rayfabric bench [objects] [--quick] [--json FILE] [--plots DIR] [--address ADDR] [--provider NAME]
+                              [--all-providers] [--sizes 64K,1M,16M,256M,1G]
+                              [--cases single,owned,many,fanout,fanin]
 
 Cases (every one: fresh objects for each path and each repetition, so neither path finds a copy
 left by the other; one untimed repetition per path first, then the paths alternate rep by rep):
@@ -48,7 +49,8 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import rayfabric
-from rayfabric import _agents, _pulls, bin_dir, hugepages
+from rayfabric import _agents, _pulls, bin_dir
+from rayfabric.tools import hugepages
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_PROVIDER = "tcp;ofi_rxm"
@@ -361,7 +363,7 @@ class Progress:
 
 
 def worker_env():
-    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(rayfabric.__file__)))  # python/, or site-packages
     path = os.environ.get("PYTHONPATH", "")
     return {"PYTHONPATH": pkg_root + (os.pathsep + path if path else ""), "RAYFABRIC_BIN_DIR": bin_dir()}
 
@@ -982,7 +984,7 @@ def machine():
 # ------------------------------------------------------------------------------------ CLI
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="rayfabric bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="rayfabric bench objects", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="well under 2 minutes: sizes 1M,64M,256M, numpy only, few reps, 200 x 1M, fan cases at 64M")

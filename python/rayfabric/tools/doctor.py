@@ -2,8 +2,8 @@
 
 Pure Python 3.11 standard library; runs without Ray or rayfabric built. Usage:
 
-    python3 -m rayfabric.doctor [--json] [--json-file PATH] [--store-bytes SIZE] [--fi-info PATH]
-    python3 python/rayfabric/doctor.py ...        # same, without installing anything
+    python3 -m rayfabric.tools.doctor [--json] [--json-file PATH] [--store-bytes SIZE] [--fi-info PATH]
+    python3 python/rayfabric/tools/doctor.py ...  # same, without installing anything
 
 It reports
   * libfabric: version, providers (`fi_info -l`), the RDM endpoints that can do RMA
@@ -49,13 +49,14 @@ RXE_UNIVERSE_MAX = 64                      # measured: 64 works on rxe, the defa
 ERROR, WARNING, INFO = "error", "warning", "info"
 
 # The launch environment policy lives with the launcher (rayfabric.launch_env, standard library
-# only); the doctor reports it. Run as a script (python3 python/rayfabric/doctor.py), without the
-# package: its sibling file.
+# only); the doctor reports it. Run as a script (python3 python/rayfabric/tools/doctor.py), without
+# the package: the library's file, in the folder above this one.
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # python/rayfabric/
 if __package__:
     from rayfabric import settings as py_settings  # noqa: E402
     from rayfabric.launch_env import agent_fabric_env  # noqa: E402
 else:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, PACKAGE_DIR)
     import settings as py_settings  # noqa: E402
     from launch_env import agent_fabric_env  # noqa: E402
 
@@ -605,9 +606,9 @@ ENGINE_SETTINGS = ("RAYFABRIC_PROVIDER", "RAYFABRIC_DOMAIN", "RAYFABRIC_REQUIRE_
 
 
 def default_bin_dir(env: Mapping[str, str] = os.environ,
-                    here: str = os.path.dirname(os.path.abspath(__file__))) -> str:
+                    here: str = PACKAGE_DIR) -> str:
     """rayfabric.bin_dir(): $RAYFABRIC_BIN_DIR, else the installed package's _bin/ (the wheel),
-    else the source tree's build/ (`here` is python/rayfabric/). Repeated here (not imported) so
+    else the source tree's build/ (`here` is the package's folder, python/rayfabric/). Repeated here (not imported) so
     that the doctor runs as a plain script, without the package on sys.path."""
     if env.get("RAYFABRIC_BIN_DIR"):
         return env["RAYFABRIC_BIN_DIR"]

@@ -1,9 +1,9 @@
-"""rayfabric bench --rails: one rail against two, on links that are the bottleneck.
+"""rayfabric bench rails: one rail against two, on links that are the bottleneck.
 
-  python3 -m rayfabric bench --rails [--link 1gbit] [--size-mib 256] [--reps 3] [--quick] [--json F]
+  python3 -m rayfabric bench rails [--link 1gbit] [--size-mib 256] [--reps 3] [--quick] [--json F]
 
-Two Ray nodes in their own network namespaces (rayfabric.netns: `ray start` in each) joined by two
-veth pairs, each shaped with tc to --link. Node B makes a fresh object per repetition; a task on
+Two Ray nodes in their own network namespaces (rayfabric.tools.netns: `ray start` in each) joined by
+two veth pairs, each shaped with tc to --link. Node B makes a fresh object per repetition; a task on
 node A gets it, and the time of that get is measured, by:
   ray         Ray's own ray.get (its object manager runs on the nodes' Ray IPs: link 1)
   1 rail      rayfabric.get, agents on link 1 only (RAYFABRIC_DOMAIN=rfa0 / rfb0)
@@ -18,7 +18,7 @@ import json
 import statistics
 import sys
 
-from rayfabric import netns
+from rayfabric.tools import netns
 
 MiB = 1 << 20
 
@@ -62,7 +62,7 @@ print("RESULT " + json.dumps(rows))
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="rayfabric bench --rails", description=__doc__,
+    p = argparse.ArgumentParser(prog="rayfabric bench rails", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--link", default="1gbit", help="tc rate of each link (e.g. 500mbit, 1gbit, 2gbit)")
     p.add_argument("--size-mib", type=int, default=256)
@@ -74,7 +74,7 @@ def main(argv=None):
         a.size_mib, a.reps, a.link = 64, 1, "2gbit"
     why = netns.NetnsPair.available()
     if why:
-        print(f"rayfabric bench --rails: cannot run here: {why}")
+        print(f"rayfabric bench rails: cannot run here: {why}")
         return 77  # "skipped" to meson
     nbytes = a.size_mib * MiB
     link_bits = netns.rate_bits(a.link)
@@ -87,7 +87,7 @@ def main(argv=None):
     import os
     extra = {k: os.environ[k] for k in ("PYTHONPATH", "RAYFABRIC_BIN_DIR") if k in os.environ}
     pair = netns.NetnsPair(links=2, store_bytes=max(300 * MiB, 4 * nbytes))
-    print(f"rayfabric bench --rails: 2 nodes in network namespaces, 2 links of {a.link} each, "
+    print(f"rayfabric bench rails: 2 nodes in network namespaces, 2 links of {a.link} each, "
           f"{a.size_mib} MiB objects, {a.reps} repetitions (+1 warm-up)", flush=True)
     try:
         pair.start()

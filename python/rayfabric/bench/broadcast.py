@@ -1,10 +1,10 @@
-"""rayfabric bench --broadcast: one object read on every node, on links that are the bottleneck.
+"""rayfabric bench broadcast: one object read on every node, on links that are the bottleneck.
 
-  python3 -m rayfabric bench --broadcast [--nodes 4] [--link 2gbit] [--size-mib 256] [--reps 2]
+  python3 -m rayfabric bench broadcast [--nodes 4] [--link 2gbit] [--size-mib 256] [--reps 2]
                                          [--quick] [--json F]
 
 --nodes Ray nodes, each in its own network namespace with one link to a switch (a bridge in a hub
-namespace: rayfabric.netns.NetnsStar), every node's link shaped with tc to --link in both
+namespace: rayfabric.tools.netns.NetnsStar), every node's link shaped with tc to --link in both
 directions, so that a node's link, not this host's CPU, is what the readers of one source share.
 Node 0 makes a fresh object per repetition; then every other node gets it, by:
   ray                Ray's own ray.get on every node at once
@@ -26,7 +26,7 @@ import signal
 import statistics
 import sys
 
-from rayfabric import netns
+from rayfabric.tools import netns
 
 MiB = 1 << 20
 
@@ -100,7 +100,7 @@ PATHS = ["ray", "rayfabric direct", "rayfabric tree"]
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="rayfabric bench --broadcast", description=__doc__,
+    p = argparse.ArgumentParser(prog="rayfabric bench broadcast", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, default=4, help="Ray nodes, the source included (2..8)")
     p.add_argument("--link", default="2gbit", help="tc rate of every node's link (e.g. 1gbit, 2gbit)")
@@ -113,13 +113,13 @@ def main(argv=None):
         a.nodes, a.size_mib, a.reps = 4, 32, 1
     why = netns.NetnsStar.available()
     if why:
-        print(f"rayfabric bench --broadcast: cannot run here: {why}")
+        print(f"rayfabric bench broadcast: cannot run here: {why}")
         return 77  # "skipped" to meson
     nbytes = a.size_mib * MiB
     link_bits = netns.rate_bits(a.link)
     star = netns.NetnsStar(nodes=a.nodes, store_bytes=max(300 * MiB, 3 * nbytes))
     extra = {k: os.environ[k] for k in ("PYTHONPATH", "RAYFABRIC_BIN_DIR") if k in os.environ}
-    print(f"rayfabric bench --broadcast: {a.nodes} nodes in network namespaces, each on a {a.link} link to a "
+    print(f"rayfabric bench broadcast: {a.nodes} nodes in network namespaces, each on a {a.link} link to a "
           f"switch; one {a.size_mib} MiB object from node 0 to the {a.nodes - 1} others, {a.reps} repetitions "
           f"(+1 warm-up)", flush=True)
     # A test runner's SIGTERM (its timeout) must still tear the namespaces and Ray nodes down.

@@ -1,7 +1,7 @@
-"""rayfabric bench-args: call arguments moved by Ray alone vs with rayfabric.args, same cluster,
+"""rayfabric bench args: call arguments moved by Ray alone vs with rayfabric.args, same cluster,
 same run, rounds alternating, bytes verified.
 
-  python3 -m rayfabric bench-args [--address ADDR] [--steps 8] [--batch-mib 16] [--blocks 48]
+  python3 -m rayfabric bench args [--address ADDR] [--steps 8] [--batch-mib 16] [--blocks 48]
                                   [--block-mib 8] [--rounds 2] [--json F]
 
 Cases (an embedded 3-node ray.cluster_utils.Cluster unless --address; nodes get resources
@@ -246,7 +246,7 @@ def run_reduce(pairs, block_bytes, seed0, use_fabric, cpus):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="rayfabric bench-args", description=__doc__,
+    p = argparse.ArgumentParser(prog="rayfabric bench args", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--address")
     p.add_argument("--steps", type=int, default=8)

@@ -1,7 +1,7 @@
-"""rayfabric bench --tensors: torch tensors from one actor to another on another node, by each way
+"""rayfabric bench tensors: torch tensors from one actor to another on another node, by each way
 Ray offers, side by side in one run.
 
-  python3 -m rayfabric bench --tensors [--sizes-mib 1,16,256] [--reps 3] [--quick] [--json F]
+  python3 -m rayfabric bench tensors [--sizes-mib 1,16,256] [--reps 3] [--quick] [--json F]
 
 A 2-node local Ray cluster (ray.cluster_utils.Cluster); a source actor on node 0 returns one CPU
 tensor (float32, random, made once per size) and an actor on node 1 takes it as an argument:
@@ -24,7 +24,7 @@ import ray
 import torch
 
 import rayfabric.rdt
-from rayfabric.bench import worker_env
+from rayfabric.bench.objects import worker_env
 
 MiB = 1 << 20
 rayfabric.rdt.enable()  # before the classes below (ray.method checks the name), here and in workers
@@ -125,7 +125,7 @@ def run(args):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="rayfabric bench --tensors")
+    p = argparse.ArgumentParser(prog="rayfabric bench tensors")
     p.add_argument("--sizes-mib", default="1,16,256")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--quick", action="store_true")

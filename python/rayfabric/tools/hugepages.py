@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from rayfabric import doctor
+from rayfabric.tools import doctor
 
 HUGE_PAGE = 2 << 20
 NR_HUGEPAGES = "/proc/sys/vm/nr_hugepages"

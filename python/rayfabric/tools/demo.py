@@ -2,7 +2,7 @@
 through Ray's own object manager and once through rayfabric (fi_read from the source node's plasma
 memory into the destination node's plasma, by the node agents rayfabricd), and prints both times.
 
-    python3 -m rayfabric.demo [--size-mb 1024] [--provider 'tcp;ofi_rxm'] [--json FILE]
+    python3 -m rayfabric.tools.demo [--size-mb 1024] [--provider 'tcp;ofi_rxm'] [--json FILE]
 """
 import argparse
 import json
@@ -65,7 +65,7 @@ def start_cluster(store_bytes):
         "num_cpus": 1, "resources": {"node_a": 1}, "object_store_memory": store_bytes,
         "include_dashboard": False})
     c.add_node(num_cpus=1, resources={"node_b": 1}, object_store_memory=store_bytes)
-    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(rayfabric.__file__)))  # python/, or site-packages
     ray.init(address=c.address, logging_level="ERROR",
              runtime_env={"env_vars": {"PYTHONPATH": pkg_root, "RAYFABRIC_BIN_DIR": bin_dir()}})
     c.wait_for_nodes()
@@ -118,7 +118,8 @@ def run(size_bytes, provider=None, log=print):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="rayfabric demo", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size-mb", type=int, default=1024)
     p.add_argument("--provider", default=os.environ.get("RAYFABRIC_PROVIDER") or None)
     p.add_argument("--json")
