@@ -67,12 +67,26 @@ Agent::Agent(AgentOptions options, AgentSeams seams, StorePtr serve_store, Store
     // Peers may be reading this node's objects, or a pull reads into it.
     return lease_server_->active() > 0 || puller_->busy();
   });
+  try {
+    MakeComponents(std::move(seams.connect_store), std::move(serve_store), std::move(pull_store),
+                   max_lease_bytes_per_peer);
+  } catch (...) {
+    // The warmer's thread asks the components about their work: it stops before they go. (The
+    // store connections then close as the members go, told of by callbacks that find no warmer.)
+    warmer_.reset();
+    throw;
+  }
+}
+
+void Agent::MakeComponents(StoreConnector connect_store, StorePtr serve_store, StorePtr pull_store,
+                           uint64_t max_lease_bytes_per_peer) {
+  const Config& config = options_.config;
   stores_ = std::make_unique<StoreConnections>(
-      std::move(seams.connect_store), serve_store, pull_store, counters_,
+      std::move(connect_store), std::move(serve_store), std::move(pull_store), counters_,
       [this](const plasma::SegmentInfo& s) { OnSegmentMapped(s); },
       [this](const plasma::SegmentInfo& s) { OnSegmentUnmapped(s); });
   // Segments mapped while Open checked the store are added here, later ones by the callback.
-  for (const StorePtr& store : {serve_store, pull_store}) {
+  for (const StorePtr& store : {stores_->Serve(), stores_->Pull()}) {
     for (const plasma::SegmentInfo& s : store->Segments()) OnSegmentMapped(s);
   }
   releases_ = std::make_unique<ReleaseQueue>(*peers_);
@@ -89,9 +103,8 @@ Agent::Agent(AgentOptions options, AgentSeams seams, StorePtr serve_store, Store
   pull.drain_timeout_ms = config.GetInt("drain_timeout_ms").value();
   puller_ = std::make_unique<Puller>(std::move(pull), *fabrics_, *stores_, *peers_, *releases_,
                                      *warmer_, counters_);
-  ready_.store(true, std::memory_order_release);
-  // (Should this throw, the components stop as the members go.)
   sweeper_ = std::thread([this] { SweepLoop(); });
+  ready_.store(true, std::memory_order_release);
 }
 
 Agent::~Agent() {

@@ -95,6 +95,10 @@ class Agent {
   Agent(AgentOptions options, AgentSeams seams, StorePtr serve_store, StorePtr pull_store,
         std::unique_ptr<NodeFabrics> fabrics, uint64_t max_lease_bytes_per_peer);
 
+  // The constructor's work once the warmer runs: the store connections, the release queue, the
+  // lease server, the puller, the sweeper.
+  void MakeComponents(StoreConnector connect_store, StorePtr serve_store, StorePtr pull_store,
+                      uint64_t max_lease_bytes_per_peer);
   void OnSegmentMapped(const plasma::SegmentInfo& segment);  // kept warm (warmer_)
   void OnSegmentUnmapped(const plasma::SegmentInfo& segment);
   void SweepLoop();
@@ -105,13 +109,17 @@ class Agent {
   // When this agent started serving: `rayfabric status` reports rates since then.
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 
-  // The components, made in this order by the constructor and taken apart in the reverse one by
-  // ~Agent (each may use those made before it).
+  // The components, made by the constructor in this order (each is given those it uses; the
+  // warmer asks about two made after it, through ready_). ~Agent takes them apart in the order a
+  // shutdown needs: background pulls stopped, releases drained, sweeper joined, leases unpinned,
+  // engines closed (no read can land any more), quarantine cleared, store connections closed,
+  // segments forgotten, warmer stopped. The Puller's reference to the warmer is not used after.
   std::unique_ptr<PeerCalls> peers_;
   std::unique_ptr<NodeFabrics> fabrics_;  // fixed after Open
   // This process's mapping of the store, kept warm (config warm_store); stopped in ~Agent once
   // the store connections (whose unmaps it hears of) are gone. It asks whether the lease server
-  // or the puller is busy only once both are made (ready_).
+  // or the puller is busy only once every component is made (ready_); should the constructor
+  // throw, the warmer is stopped before the members go.
   std::unique_ptr<StoreWarmer> warmer_;
   std::atomic<bool> ready_{false};
   std::unique_ptr<StoreConnections> stores_;

@@ -59,7 +59,7 @@ void LeaseServer::Unpin(const LeasedObject& object) {
   uint64_t generation = 0;
   StorePtr store = stores_.Serve(&generation);
   // A lease of a retired (broken) connection: its pin goes when that connection is closed, once
-  // none of its leases is left (SweepRetiredStores).
+  // none of its leases is left (StoreConnections::SweepRetired).
   if (object.store_generation == generation) (void)store->Release(object.object);
 }
 

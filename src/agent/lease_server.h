@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,10 +25,10 @@ namespace rayfabric::agent {
 class LeaseServer {
  public:
   struct Options {
-    size_t max_leases = 0;                  // config max_leases
-    uint64_t max_lease_bytes_per_peer = 0;  // config max_lease_bytes_per_peer, in bytes
-    std::chrono::milliseconds default_ttl;  // config lease_ttl_ms
-    std::chrono::milliseconds max_ttl;      // config max_lease_ttl_ms
+    size_t max_leases = 0;                    // config max_leases
+    uint64_t max_lease_bytes_per_peer = 0;    // config max_lease_bytes_per_peer, in bytes
+    std::chrono::milliseconds default_ttl{};  // config lease_ttl_ms
+    std::chrono::milliseconds max_ttl{};      // config max_lease_ttl_ms
   };
   LeaseServer(Options options, NodeFabrics& fabrics, StoreConnections& stores, Counters& counters);
   LeaseServer(const LeaseServer&) = delete;

@@ -1,7 +1,6 @@
 #include "agent/node_fabrics.h"
 
 #include "rayfabric/log.h"
-#include "rayfabric/memory.h"
 
 namespace rayfabric::agent {
 

@@ -1,13 +1,12 @@
 #include "agent/puller.h"
 
-#include <thread>
-
 #include <algorithm>
 #include <chrono>
 #include <limits>
 #include <optional>
 #include <set>
 #include <system_error>
+#include <thread>
 
 #include "agent/wire.h"
 #include "rayfabric/hex.h"

@@ -76,9 +76,10 @@ class FakeStoreNode : public std::enable_shared_from_this<FakeStoreNode> {
     return it == objects_.end() ? 0 : it->second.pins;
   }
 
-  // Every connection open now reports itself broken (as one whose store did not answer within
-  // store_timeout_ms); connections made later are healthy.
-  void BreakConnections() { ++epoch_; }
+  // The `serial`-th connection made to this store (0: the agent's serving one, 1: its pulling
+  // one, as Agent::Open makes them) reports itself broken from now on, as one whose store did not
+  // answer within store_timeout_ms; the others stay healthy.
+  void BreakConnection(int serial) { broken_serial_ = serial; }
   // Connections open now (a retired one counts until it is closed).
   int Connections() const { return connections_.load(); }
 
@@ -123,14 +124,15 @@ class FakeStoreNode : public std::enable_shared_from_this<FakeStoreNode> {
   size_t used_ = 0;
   int aborts_ = 0;
   std::map<ObjectId, Object> objects_;
-  std::atomic<int> epoch_{0};
-  std::atomic<int> connections_{0};
+  std::atomic<int> broken_serial_{-1};
+  std::atomic<int> connections_{0};  // open now
+  std::atomic<int> made_{0};         // ever made
 };
 
 class FakeStoreConnection final : public LocalStore {
  public:
   explicit FakeStoreConnection(std::shared_ptr<FakeStoreNode> node)
-      : node_(std::move(node)), epoch_(node_->epoch_.load()) {
+      : node_(std::move(node)), serial_(node_->made_++) {
     ++node_->connections_;
   }
   // As plasma does when a client goes: its pins are dropped and its unsealed creates aborted.
@@ -237,7 +239,7 @@ class FakeStoreConnection final : public LocalStore {
     return it != node_->objects_.end() && it->second.sealed;
   }
   int64_t memory_capacity() const override { return static_cast<int64_t>(node_->capacity_); }
-  bool healthy() const override { return epoch_ == node_->epoch_.load(); }
+  bool healthy() const override { return serial_ != node_->broken_serial_.load(); }
   std::vector<plasma::SegmentInfo> Segments() const override { return {node_->Segment()}; }
   void SetSegmentCallbacks(SegmentCallback, SegmentCallback) override {}  // never unmaps
 
@@ -252,7 +254,7 @@ class FakeStoreConnection final : public LocalStore {
   }
 
   std::shared_ptr<FakeStoreNode> node_;
-  const int epoch_;  // the node's epoch when this connection was made
+  const int serial_;  // the how-manyth connection to the node this is (from 0)
   std::map<ObjectId, int> pins_;
 };
 

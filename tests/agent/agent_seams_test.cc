@@ -276,7 +276,7 @@ TEST_F(AgentSeams, ABrokenStoreConnectionIsReplacedAndKeptWhileItsLeasesLive) {
   ASSERT_EQ(source.store->Connections(), 2);  // serving and pulling
   ASSERT_EQ(source.store->Pins(Id(1)), 1);
 
-  source.store->BreakConnections();
+  source.store->BreakConnection(0);              // the serving one
   const v1::Lease after = lease_of("reader-2");  // on a new serving connection
   EXPECT_EQ(CounterOf(source.agent->GetStatus(), "store_reconnects"), 1u);
   EXPECT_EQ(source.store->Connections(), 3) << "the broken serving connection was not replaced";
