@@ -136,6 +136,30 @@ struct EngineOptions {
   bool device_memory = false;
 };
 
+// The engine's settings, typed. FromConfig reads them from the configuration table (provider,
+// domain, require_rdma, max_rails, chunk_size, max_inflight, op_timeout_ms, drain_timeout_ms,
+// max_registration, progress_spin_us) after validating the whole table once; the engine and the
+// provider selection read nothing else.
+struct EngineSettings {
+  std::vector<std::string> providers;  // empty: rank what fi_info offers
+  std::vector<std::string> domains;    // empty: the domain holding the node's IP, and so on
+  bool require_rdma = false;
+  int max_rails = 1;
+  uint64_t chunk_size = 0;  // largest single operation (capped by the provider's max_msg_size)
+  size_t max_inflight = 0;  // operations in flight per transfer
+  std::chrono::milliseconds op_timeout{0};     // no operation completed this long: TimedOut
+  std::chrono::milliseconds drain_timeout{0};  // a failed transfer's operations still out: reset
+  uint64_t max_registration = 0;               // larger ranges are registered in slices
+  std::chrono::microseconds progress_spin{0};  // the progress thread polls this long, then blocks
+  // Whether a failed transfer whose operations do not drain has its endpoint reset. Never where
+  // registrations are bound to the endpoint (FI_MR_ENDPOINT): there the transfer is reported with
+  // its operations outstanding (Transfer::Quiesced false) whatever this says. Not a setting of
+  // the table: false only for tests of that path on providers that could reset.
+  bool reset_undrained_endpoints = true;
+
+  static Result<EngineSettings> FromConfig(const Config& config);
+};
+
 // Ranks what fi_info offers for RDM endpoints with RMA and picks the fabrics to open (config:
 // provider, domain, require_rdma), best first; does not open anything.
 //   provider empty: the best RDMA provider (if any) and the best socket provider (tcp, net,
@@ -143,6 +167,9 @@ struct EngineOptions {
 //   domain: applies to every chosen provider that offers it (an error if none does); otherwise
 //     each provider's domain holding options.preferred_ip, else its first non-loopback one.
 // SelectProvider reports the first (best); its `fabrics` lists them all.
+Result<ProviderReport> SelectProvider(const EngineSettings& settings,
+                                      const EngineOptions& options = {});
+// The same, with the settings read from `config` (EngineSettings::FromConfig).
 Result<ProviderReport> SelectProvider(const Config& config, const EngineOptions& options = {});
 
 // What a registration allows. The exposure of a region is exactly its remote bits: a source needs
@@ -335,9 +362,14 @@ class Engine {
  public:
   // Selects the provider, opens fabric/domain/endpoint/AV/CQ, starts the progress thread and
   // logs once which provider is used and why. Opens the best fabric SelectProvider chose.
-  static Result<std::unique_ptr<Engine>> Open(const Config& config,
+  static Result<std::unique_ptr<Engine>> Open(const EngineSettings& settings,
                                               const EngineOptions& options = {});
   // One engine per fabric SelectProvider chose, best first (the agent: one per fabric class).
+  static Result<std::vector<std::unique_ptr<Engine>>> OpenAll(const EngineSettings& settings,
+                                                              const EngineOptions& options = {});
+  // The same, with the settings read from `config` (EngineSettings::FromConfig).
+  static Result<std::unique_ptr<Engine>> Open(const Config& config,
+                                              const EngineOptions& options = {});
   static Result<std::vector<std::unique_ptr<Engine>>> OpenAll(const Config& config,
                                                               const EngineOptions& options = {});
   ~Engine();

@@ -50,7 +50,10 @@ Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options, AgentSeams seam
                            std::to_string(serve_store->memory_capacity()) +
                            " bytes): give a size (e.g. 8G) or a larger share");
   }
-  RF_ASSIGN_OR_RETURN(auto fabrics, NodeFabrics::Open(options.config, options.listen_host));
+  RF_ASSIGN_OR_RETURN(fabric::EngineSettings engine,
+                      fabric::EngineSettings::FromConfig(options.config));
+  engine.reset_undrained_endpoints = seams.reset_undrained_endpoints;
+  RF_ASSIGN_OR_RETURN(auto fabrics, NodeFabrics::Open(options.config, engine, options.listen_host));
   return std::unique_ptr<Agent>(new Agent(std::move(options), std::move(seams),
                                           std::move(serve_store), std::move(pull_store),
                                           std::move(fabrics), max_lease_bytes_per_peer));
@@ -72,8 +75,8 @@ Agent::Agent(AgentOptions options, AgentSeams seams, StorePtr serve_store, Store
                    max_lease_bytes_per_peer);
   } catch (...) {
     // The warmer's thread asks the components about their work: it stops before they go. (The
-    // store connections then close as the members go, told of by callbacks that find no warmer.)
-    warmer_.reset();
+    // store connections then close as the members go; their callbacks find a stopped warmer.)
+    warmer_->Stop();
     throw;
   }
 }
@@ -127,16 +130,16 @@ Agent::~Agent() {
   puller_->ClearQuarantine();
   stores_->CloseAll();
   fabrics_->ForgetAll();
-  warmer_.reset();  // its thread stops; no store connection is left to report an unmap
+  warmer_->Stop();  // its thread ends; the object stays until the members go (after the Puller)
 }
 
 void Agent::OnSegmentMapped(const plasma::SegmentInfo& segment) {
   // A fallback segment holds one object on disk, gone with it: nothing to keep warm.
-  if (warmer_ && !segment.fallback) warmer_->Add(segment.base, segment.size, segment.fd);
+  if (!segment.fallback) warmer_->Add(segment.base, segment.size, segment.fd);
 }
 
 void Agent::OnSegmentUnmapped(const plasma::SegmentInfo& segment) {
-  if (warmer_) warmer_->Remove(segment.base);  // it maps no page of it any more
+  warmer_->Remove(segment.base);  // it maps no page of it any more
   // Runs before the segment is unmapped.
   fabrics_->Forget(segment.base);
 }

@@ -50,6 +50,11 @@ struct AgentOptions {
 struct AgentSeams {
   StoreConnector connect_store;      // empty: the plasma store at AgentOptions::plasma_socket
   std::unique_ptr<PeerCalls> peers;  // null: gRPC, with AgentOptions::credentials
+  // false: the engines never reset an endpoint to cut off a failed read's operations, as on a
+  // provider whose registrations are bound to the endpoint (FI_MR_ENDPOINT: efa, some verbs),
+  // none of which runs here; the replica such a read targets is then quarantined until the read
+  // drains. For tests of that path.
+  bool reset_undrained_endpoints = true;
 };
 
 class Agent {
@@ -113,13 +118,14 @@ class Agent {
   // warmer asks about two made after it, through ready_). ~Agent takes them apart in the order a
   // shutdown needs: background pulls stopped, releases drained, sweeper joined, leases unpinned,
   // engines closed (no read can land any more), quarantine cleared, store connections closed,
-  // segments forgotten, warmer stopped. The Puller's reference to the warmer is not used after.
+  // segments forgotten, warmer stopped (its thread; the object outlives the Puller, which uses it).
   std::unique_ptr<PeerCalls> peers_;
   std::unique_ptr<NodeFabrics> fabrics_;  // fixed after Open
-  // This process's mapping of the store, kept warm (config warm_store); stopped in ~Agent once
-  // the store connections (whose unmaps it hears of) are gone. It asks whether the lease server
-  // or the puller is busy only once every component is made (ready_); should the constructor
-  // throw, the warmer is stopped before the members go.
+  // This process's mapping of the store, kept warm (config warm_store); its thread stopped in
+  // ~Agent once the store connections (whose unmaps it hears of) are gone. It asks whether the
+  // lease server or the puller is busy only once every component is made (ready_); should the
+  // constructor throw, its thread is stopped before the members go. Declared before every
+  // component: it is destroyed after them, so the Puller's reference to it never dangles.
   std::unique_ptr<StoreWarmer> warmer_;
   std::atomic<bool> ready_{false};
   std::unique_ptr<StoreConnections> stores_;

@@ -9,13 +9,14 @@ v1::Exposure WireExposure(Exposure exposure) {
 }
 
 Result<std::unique_ptr<NodeFabrics>> NodeFabrics::Open(const Config& config,
+                                                       const fabric::EngineSettings& engine,
                                                        const std::string& listen_host) {
   RF_ASSIGN_OR_RETURN(bool allow_unprotected, config.GetBool("allow_unprotected_memory"));
   const std::string exposure = config.GetString("exposure");
   fabric::EngineOptions engine_options;
   engine_options.preferred_ip = listen_host;
   RF_ASSIGN_OR_RETURN(uint64_t stripe_min, config.GetBytes("stripe_min"));
-  RF_ASSIGN_OR_RETURN(auto engines, fabric::Engine::OpenAll(config, engine_options));
+  RF_ASSIGN_OR_RETURN(auto engines, fabric::Engine::OpenAll(engine, engine_options));
   std::vector<Fabric> fabrics;
   for (auto& engine : engines) {
     const fabric::ProviderProfile& profile = engine->profile();

@@ -43,8 +43,10 @@ class NodeFabrics {
  public:
   // Opens one engine per fabric (and rail) the configuration allows on this node, each fabric's
   // exposure decided from its provider's profile. Refused (PermissionDenied) where a provider
-  // does not enforce registration access and allow_unprotected_memory is off.
+  // does not enforce registration access and allow_unprotected_memory is off. `engine`: the
+  // engines' settings (read from `config` by the agent).
   static Result<std::unique_ptr<NodeFabrics>> Open(const Config& config,
+                                                   const fabric::EngineSettings& engine,
                                                    const std::string& listen_host);
   NodeFabrics(std::vector<Fabric> fabrics, uint64_t stripe_min)
       : fabrics_(std::move(fabrics)), stripe_min_(stripe_min) {}

@@ -259,6 +259,11 @@ Status Puller::CheckPullRequest(const v1::PullRequest& request) {
   return Status::OK();
 }
 
+Clock::time_point Puller::OwnDeadline(const v1::PullRequest& request) const {
+  const int64_t bound = request.timeout_ms() > 0 ? request.timeout_ms() : options_.op_timeout_ms;
+  return Clock::now() + std::chrono::milliseconds(bound);
+}
+
 v1::PullReply Puller::Pull(const v1::PullRequest& request, Clock::time_point caller_deadline,
                            std::function<bool()> cancelled) {
   if (!request.answer_when_claimed()) {
@@ -266,9 +271,7 @@ v1::PullReply Puller::Pull(const v1::PullRequest& request, Clock::time_point cal
   }
   // Answered once every object is claimed; the reads go on here, bounded by the request's own
   // timeout (not by the caller, who has its answer by then), and are cut short at exit.
-  const auto deadline =
-      Clock::now() + std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms()
-                                                                        : options_.op_timeout_ms);
+  const auto deadline = OwnDeadline(request);
   auto copy = std::make_shared<v1::PullRequest>(request);
   auto watch = std::make_shared<ClaimWatch>(static_cast<size_t>(request.items_size()));
   {
@@ -321,10 +324,7 @@ v1::PullReply Puller::RunPull(const v1::PullRequest& request, Clock::time_point 
   v1::PullReply reply;
   // The best fabric; each result says which one its read used.
   reply.set_provider(fabrics_.best().provider());
-  const auto deadline = std::min(
-      caller_deadline,
-      Clock::now() + std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms()
-                                                                        : options_.op_timeout_ms));
+  const auto deadline = std::min(caller_deadline, OwnDeadline(request));
   std::vector<PullJob> jobs(static_cast<size_t>(request.items_size()));
   std::vector<PullJob*> pending;
   for (int i = 0; i < request.items_size(); ++i) {

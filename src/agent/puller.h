@@ -92,6 +92,8 @@ class Puller {
     mutable std::atomic<bool> seen_cancelled{false};
     mutable std::atomic<int64_t> next_check_ns{0};
   };
+  // When a Pull's own bound ends: its timeout_ms from now, or op_timeout_ms where it gives none.
+  std::chrono::steady_clock::time_point OwnDeadline(const v1::PullRequest& request) const;
   v1::PullReply RunPull(const v1::PullRequest& request,
                         std::chrono::steady_clock::time_point deadline,
                         std::function<bool()> cancelled, ClaimWatch* claims);

@@ -38,16 +38,21 @@ StoreWarmer::StoreWarmer(Options options, std::function<bool()> busy)
 }
 
 StoreWarmer::~StoreWarmer() {
-  ++waiting_;
+  Stop();
+  for (auto& [base, seg] : segments_) {
+    if (seg.fd >= 0) ::close(seg.fd);
+  }
+}
+
+void StoreWarmer::Stop() {
+  ++waiting_;  // a step under way ends at its next 1 MiB
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  for (auto& [base, seg] : segments_) {
-    if (seg.fd >= 0) ::close(seg.fd);
-  }
+  --waiting_;
 }
 
 void StoreWarmer::Add(uint8_t* base, size_t size, int fd) {

@@ -35,7 +35,11 @@ class StoreWarmer {
   // `busy`: true while the agent moves bytes (a pull or a lease in flight); the warmer checks it
   // between two 1 MiB steps and then waits, so that it takes no core from a transfer.
   StoreWarmer(Options options, std::function<bool()> busy);
-  ~StoreWarmer();
+  ~StoreWarmer();  // Stop()
+  // The background thread ends (returns once it has) and `busy` is never asked again. Add,
+  // Remove and Populate go on working, as with background off: the warmer's owner stops it
+  // before what `busy` asks goes, and keeps it while others still call Populate.
+  void Stop();
   StoreWarmer(const StoreWarmer&) = delete;
   StoreWarmer& operator=(const StoreWarmer&) = delete;
 

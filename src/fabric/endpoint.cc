@@ -139,30 +139,25 @@ EngineCore::~EngineCore() {
   fabric_.reset();
 }
 
-Status EngineCore::Open(SelectedProvider selected, const Config& config,
+Status EngineCore::Open(SelectedProvider selected, const EngineSettings& settings,
                         const EngineOptions& options) {
   report_ = std::move(selected.report);
   profile_ = report_.chosen;
   info_ = std::move(selected.info);
   remote_write_ = options.remote_write;
 
-  RF_ASSIGN_OR_RETURN(uint64_t chunk, config.GetBytes("chunk_size"));
-  RF_ASSIGN_OR_RETURN(int64_t inflight, config.GetInt("max_inflight"));
-  RF_ASSIGN_OR_RETURN(int64_t timeout_ms, config.GetInt("op_timeout_ms"));
-  RF_ASSIGN_OR_RETURN(int64_t drain_ms, config.GetInt("drain_timeout_ms"));
-  RF_ASSIGN_OR_RETURN(uint64_t max_registration, config.GetBytes("max_registration"));
-  RF_ASSIGN_OR_RETURN(int64_t spin_us, config.GetInt("progress_spin_us"));
-  spin_ = std::chrono::microseconds(spin_us);
+  spin_ = settings.progress_spin;
   // Slices start at multiples of it from the range's base: page-aligned bases stay page-aligned.
-  profile_.max_registration_bytes = max_registration & ~static_cast<uint64_t>(4095);
+  profile_.max_registration_bytes = settings.max_registration & ~static_cast<uint64_t>(4095);
   report_.chosen.max_registration_bytes = profile_.max_registration_bytes;
-  // Each is within its bounds: the selection validated the configuration (RequestFrom).
-  chunk_size_ = std::min<uint64_t>(chunk, profile_.max_msg_size ? profile_.max_msg_size : chunk);
-  max_inflight_ = static_cast<size_t>(inflight);
-  op_timeout_ = std::chrono::milliseconds(timeout_ms);
-  drain_timeout_ = std::chrono::milliseconds(drain_ms);
+  // Each is within its bounds: EngineSettings::FromConfig validated the configuration.
+  chunk_size_ = std::min<uint64_t>(
+      settings.chunk_size, profile_.max_msg_size ? profile_.max_msg_size : settings.chunk_size);
+  max_inflight_ = settings.max_inflight;
+  op_timeout_ = settings.op_timeout;
+  drain_timeout_ = settings.drain_timeout;
   // Registrations bound to an endpoint would die with it: such providers are never reset.
-  can_reset_ = !profile_.endpoint_mr;
+  can_reset_ = !profile_.endpoint_mr && settings.reset_undrained_endpoints;
 
   const std::string where = profile_.provider + "/" + profile_.domain;
   int ret = fi_fabric(info_->fabric_attr, fabric_.out(), nullptr);

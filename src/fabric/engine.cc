@@ -11,10 +11,11 @@ Engine::~Engine() { core_->Stop(); }
 
 namespace {
 
-Result<std::shared_ptr<EngineCore>> OpenCore(SelectedProvider selected, const Config& config,
+Result<std::shared_ptr<EngineCore>> OpenCore(SelectedProvider selected,
+                                             const EngineSettings& settings,
                                              const EngineOptions& options) {
   auto core = std::make_shared<EngineCore>();
-  RF_RETURN_IF_ERROR(core->Open(std::move(selected), config, options));
+  RF_RETURN_IF_ERROR(core->Open(std::move(selected), settings, options));
   core->StartProgress();
   RF_LOG(kInfo,
          "provider " << core->profile_.provider << " domain " << core->profile_.domain << ": "
@@ -25,7 +26,8 @@ Result<std::shared_ptr<EngineCore>> OpenCore(SelectedProvider selected, const Co
 
 // OpenCore, and where the selection was upgraded to FI_HMEM and that endpoint does not open, the
 // same provider and domain without it (device buffers are then staged by the caller).
-Result<std::shared_ptr<EngineCore>> OpenSelected(SelectedProvider selected, const Config& config,
+Result<std::shared_ptr<EngineCore>> OpenSelected(SelectedProvider selected,
+                                                 const EngineSettings& settings,
                                                  const EngineOptions& options) {
   SelectedProvider host;
   if (selected.host_info) {
@@ -34,35 +36,47 @@ Result<std::shared_ptr<EngineCore>> OpenSelected(SelectedProvider selected, cons
     host.info = std::move(selected.host_info);
     host.rail = selected.rail;
   }
-  auto core = OpenCore(std::move(selected), config, options);
+  auto core = OpenCore(std::move(selected), settings, options);
   if (core.ok() || !host.info) return core;
   host.report.chosen.device_memory_note =
       "FI_HMEM offered, but the endpoint did not open with it (" + core.status().ToString() +
       "): host memory only";
   RF_LOG(kWarn, host.report.chosen.provider << "/" << host.report.chosen.domain << ": "
                                             << host.report.chosen.device_memory_note);
-  return OpenCore(std::move(host), config, options);
+  return OpenCore(std::move(host), settings, options);
 }
 
 }  // namespace
 
-Result<std::unique_ptr<Engine>> Engine::Open(const Config& config, const EngineOptions& options) {
-  RF_ASSIGN_OR_RETURN(SelectedProvider selected, SelectProviderInfo(config, options));
-  RF_ASSIGN_OR_RETURN(auto core, OpenSelected(std::move(selected), config, options));
+Result<std::unique_ptr<Engine>> Engine::Open(const EngineSettings& settings,
+                                             const EngineOptions& options) {
+  RF_ASSIGN_OR_RETURN(SelectedProvider selected, SelectProviderInfo(settings, options));
+  RF_ASSIGN_OR_RETURN(auto core, OpenSelected(std::move(selected), settings, options));
   return std::unique_ptr<Engine>(new Engine(std::move(core)));
 }
 
-Result<std::vector<std::unique_ptr<Engine>>> Engine::OpenAll(const Config& config,
+Result<std::vector<std::unique_ptr<Engine>>> Engine::OpenAll(const EngineSettings& settings,
                                                              const EngineOptions& options) {
-  RF_ASSIGN_OR_RETURN(std::vector<SelectedProvider> all, SelectFabrics(config, options));
+  RF_ASSIGN_OR_RETURN(std::vector<SelectedProvider> all, SelectFabrics(settings, options));
   std::vector<std::unique_ptr<Engine>> engines;
   for (SelectedProvider& selected : all) {
     const std::string what = selected.report.chosen.provider + "/" + selected.report.chosen.domain;
-    auto core = OpenSelected(std::move(selected), config, options);
+    auto core = OpenSelected(std::move(selected), settings, options);
     if (!core.ok()) return core.status().WithContext("opening " + what);
     engines.push_back(std::unique_ptr<Engine>(new Engine(std::move(*core))));
   }
   return engines;
+}
+
+Result<std::unique_ptr<Engine>> Engine::Open(const Config& config, const EngineOptions& options) {
+  RF_ASSIGN_OR_RETURN(const EngineSettings settings, EngineSettings::FromConfig(config));
+  return Open(settings, options);
+}
+
+Result<std::vector<std::unique_ptr<Engine>>> Engine::OpenAll(const Config& config,
+                                                             const EngineOptions& options) {
+  RF_ASSIGN_OR_RETURN(const EngineSettings settings, EngineSettings::FromConfig(config));
+  return OpenAll(settings, options);
 }
 
 const ProviderReport& Engine::report() const { return core_->report_; }

@@ -111,7 +111,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
  public:
   ~EngineCore();
 
-  Status Open(SelectedProvider selected, const Config& config, const EngineOptions& options);
+  Status Open(SelectedProvider selected, const EngineSettings& settings,
+              const EngineOptions& options);
   void StartProgress() {
     progress_ = std::thread([this] { ProgressLoop(); });
   }
@@ -163,7 +164,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   EndpointSet eps_;
   uint64_t endpoint_generation_ = 0;
   size_t abandoned_endpoints_ = 0;
-  bool can_reset_ = true;  // false where registrations are bound to the endpoint (FI_MR_ENDPOINT)
+  bool can_reset_ = true;  // false where registrations are bound to the endpoint (FI_MR_ENDPOINT),
+                           // or where EngineSettings::reset_undrained_endpoints says so
   bool remote_write_ = false;
   int wake_fd_ = -1;  // eventfd that wakes the progress thread (new work, shutdown)
   size_t chunk_size_ = 0;

@@ -411,21 +411,46 @@ struct SelectionRequest {
   }
 };
 
-Result<SelectionRequest> RequestFrom(const Config& config) {
-  // Every setting against the table, once, before anything is opened.
-  RF_RETURN_IF_ERROR(config.Validate());
+std::string JoinList(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& item : items) out += (out.empty() ? "" : ",") + item;
+  return out;
+}
+
+SelectionRequest RequestFrom(const EngineSettings& settings) {
   SelectionRequest req;
-  req.wanted = SplitList(config.GetString("provider"));
-  req.want_domain = config.GetString("domain");
-  req.want_domains = SplitList(req.want_domain);
-  RF_ASSIGN_OR_RETURN(req.require_rdma, config.GetBool("require_rdma"));
-  RF_ASSIGN_OR_RETURN(req.max_rails, config.GetInt("max_rails"));
+  req.wanted = settings.providers;
+  req.want_domains = settings.domains;
+  req.want_domain = JoinList(settings.domains);
+  req.require_rdma = settings.require_rdma;
+  req.max_rails = settings.max_rails;
   req.fi_provider_env = std::getenv("FI_PROVIDER");
   req.filters =
-      std::string("provider='") + config.GetString("provider") + "' domain='" + req.want_domain +
+      std::string("provider='") + JoinList(settings.providers) + "' domain='" + req.want_domain +
       "'" + (req.fi_provider_env ? std::string(" FI_PROVIDER='") + req.fi_provider_env + "'" : "");
   return req;
 }
+
+}  // namespace
+
+Result<EngineSettings> EngineSettings::FromConfig(const Config& config) {
+  // Every setting against the table, once, before anything is opened: the getters then hold.
+  RF_RETURN_IF_ERROR(config.Validate());
+  EngineSettings s;
+  s.providers = SplitList(config.GetString("provider"));
+  s.domains = SplitList(config.GetString("domain"));
+  s.require_rdma = config.GetBool("require_rdma").value();
+  s.max_rails = static_cast<int>(config.GetInt("max_rails").value());
+  s.chunk_size = config.GetBytes("chunk_size").value();
+  s.max_inflight = static_cast<size_t>(config.GetInt("max_inflight").value());
+  s.op_timeout = std::chrono::milliseconds(config.GetInt("op_timeout_ms").value());
+  s.drain_timeout = std::chrono::milliseconds(config.GetInt("drain_timeout_ms").value());
+  s.max_registration = config.GetBytes("max_registration").value();
+  s.progress_spin = std::chrono::microseconds(config.GetInt("progress_spin_us").value());
+  return s;
+}
+
+namespace {
 
 // An fi_info entry as a candidate: what it is, which group it competes in, how well its domain
 // fits.
@@ -715,9 +740,9 @@ std::vector<SelectedProvider> Assemble(const SelectionRequest& req,
 
 }  // namespace
 
-Result<std::vector<SelectedProvider>> SelectFabrics(const Config& config,
+Result<std::vector<SelectedProvider>> SelectFabrics(const EngineSettings& settings,
                                                     const EngineOptions& options) {
-  RF_ASSIGN_OR_RETURN(const SelectionRequest req, RequestFrom(config));
+  const SelectionRequest req = RequestFrom(settings);
   std::vector<std::unique_ptr<struct fi_info, InfoDeleter>> lists;  // what the entries point into
   RF_ASSIGN_OR_RETURN(std::vector<Entry> entries, QueryEntries(req, options, lists));
   std::vector<Entry> unique = BestPerDomain(std::move(entries));
@@ -732,14 +757,21 @@ Result<std::vector<SelectedProvider>> SelectFabrics(const Config& config,
   return selected;
 }
 
-Result<SelectedProvider> SelectProviderInfo(const Config& config, const EngineOptions& options) {
-  RF_ASSIGN_OR_RETURN(std::vector<SelectedProvider> all, SelectFabrics(config, options));
+Result<SelectedProvider> SelectProviderInfo(const EngineSettings& settings,
+                                            const EngineOptions& options) {
+  RF_ASSIGN_OR_RETURN(std::vector<SelectedProvider> all, SelectFabrics(settings, options));
   return std::move(all.front());
 }
 
-Result<ProviderReport> SelectProvider(const Config& config, const EngineOptions& options) {
-  RF_ASSIGN_OR_RETURN(SelectedProvider s, SelectProviderInfo(config, options));
+Result<ProviderReport> SelectProvider(const EngineSettings& settings,
+                                      const EngineOptions& options) {
+  RF_ASSIGN_OR_RETURN(SelectedProvider s, SelectProviderInfo(settings, options));
   return std::move(s.report);
+}
+
+Result<ProviderReport> SelectProvider(const Config& config, const EngineOptions& options) {
+  RF_ASSIGN_OR_RETURN(const EngineSettings settings, EngineSettings::FromConfig(config));
+  return SelectProvider(settings, options);
 }
 
 std::string ProviderReport::ToString() const {

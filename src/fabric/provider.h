@@ -22,9 +22,10 @@ struct SelectedProvider {
 };
 
 // Every fabric the configuration asks for, best first (see SelectProvider); the first alone.
-Result<std::vector<SelectedProvider>> SelectFabrics(const Config& config,
+Result<std::vector<SelectedProvider>> SelectFabrics(const EngineSettings& settings,
                                                     const EngineOptions& options);
-Result<SelectedProvider> SelectProviderInfo(const Config& config, const EngineOptions& options);
+Result<SelectedProvider> SelectProviderInfo(const EngineSettings& settings,
+                                            const EngineOptions& options);
 
 // The hints every rayfabric endpoint asks for: RDM, RMA read (and write as initiator), remote read
 // (remote write only when `options.remote_write`), thread-safe domain, and every mr_mode bit the

@@ -8,7 +8,9 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstddef>
 #include <deque>
@@ -65,6 +67,91 @@ int BoundLoopbackSocket(sockaddr_in& addr) {
   return fd;
 }
 
+// A TCP relay on loopback between a reader and a source's fabric address (the lease's address
+// rewritten to the relay's), that can be frozen: while frozen it moves no byte either way, as a
+// link that stopped passing traffic; thawed, it delivers what waited.
+class FreezableRelay {
+ public:
+  FreezableRelay() : listen_fd_(BoundLoopbackSocket(address_)) {
+    if (listen_fd_ < 0 || listen(listen_fd_, 8) != 0) abort();
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~FreezableRelay() {
+    stop_ = true;
+    thread_.join();
+    for (int fd : fds_) close(fd);
+    close(listen_fd_);
+  }
+  FreezableRelay(const FreezableRelay&) = delete;
+  FreezableRelay& operator=(const FreezableRelay&) = delete;
+
+  // The source's own address: where accepted connections are relayed to.
+  void SetUpstream(const sockaddr_in& upstream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    upstream_ = upstream;
+  }
+  uint16_t port() const { return address_.sin_port; }  // network order
+  void Freeze() { frozen_ = true; }
+  void Thaw() { frozen_ = false; }
+  uint64_t bytes_relayed() const { return relayed_; }
+
+ private:
+  void Run() {
+    while (!stop_) {
+      std::vector<pollfd> polled{{listen_fd_, POLLIN, 0}};
+      if (!frozen_) {
+        for (int fd : fds_) polled.push_back({fd, POLLIN, 0});
+      }
+      if (poll(polled.data(), polled.size(), 5) <= 0) continue;
+      if (polled[0].revents & POLLIN) Accept();
+      for (size_t k = 1; k < polled.size(); ++k) {
+        if (polled[k].revents & (POLLIN | POLLHUP | POLLERR)) Pump(polled[k].fd);
+      }
+    }
+  }
+  void Accept() {
+    const int in = accept(listen_fd_, nullptr, nullptr);
+    if (in < 0) return;
+    sockaddr_in upstream{};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      upstream = upstream_;
+    }
+    const int out = socket(AF_INET, SOCK_STREAM, 0);
+    if (out < 0 || connect(out, reinterpret_cast<sockaddr*>(&upstream), sizeof(upstream)) != 0) {
+      if (out >= 0) close(out);
+      close(in);
+      return;
+    }
+    fds_.push_back(in);
+    fds_.push_back(out);
+    peer_[in] = out;
+    peer_[out] = in;
+  }
+  void Pump(int from) {
+    char buffer[64 << 10];
+    const ssize_t n = read(from, buffer, sizeof(buffer));
+    if (n <= 0) return;
+    for (ssize_t sent = 0; sent < n;) {
+      const ssize_t w = write(peer_[from], buffer + sent, static_cast<size_t>(n - sent));
+      if (w <= 0) return;
+      sent += w;
+    }
+    relayed_ += static_cast<uint64_t>(n);
+  }
+
+  sockaddr_in address_{};
+  const int listen_fd_;
+  std::mutex mu_;
+  sockaddr_in upstream_{};
+  std::vector<int> fds_;  // the relay thread's alone
+  std::map<int, int> peer_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> frozen_{false};
+  std::atomic<uint64_t> relayed_{0};
+  std::thread thread_;
+};
+
 struct Node {
   std::string name;
   std::shared_ptr<FakeStoreNode> store;
@@ -74,7 +161,9 @@ struct Node {
 class AgentSeams : public ::testing::Test {
  protected:
   // An agent named `name` (also its address and host) on a store of its own.
-  Node& Start(const std::string& name, const std::map<std::string, std::string>& settings) {
+  // `reset_endpoints` false: its engines behave as where registrations are bound to the endpoint.
+  Node& Start(const std::string& name, const std::map<std::string, std::string>& settings,
+              bool reset_endpoints = true) {
     Node node;
     node.name = name;
     node.store = std::make_shared<FakeStoreNode>(64 << 20);
@@ -92,6 +181,7 @@ class AgentSeams : public ::testing::Test {
     rayfabric::agent::AgentSeams seams;
     seams.connect_store = node.store->Connector();
     seams.peers = std::make_unique<FakePeerCalls>(network_, name);
+    seams.reset_undrained_endpoints = reset_endpoints;
     auto agent = Agent::Open(std::move(options), std::move(seams));
     EXPECT_TRUE(agent.ok()) << agent.status();
     if (!agent.ok()) abort();
@@ -243,6 +333,62 @@ TEST_F(AgentSeams, LeasesExpire) {
   ASSERT_EQ(answer.error_codes_size(), 1);
   EXPECT_EQ(answer.error_codes(0), v1::ERROR_CODE_NOT_FOUND) << answer.errors(0);
   EXPECT_EQ(source.store->Pins(Id(1)), 0) << "a late release must not unpin twice";
+}
+
+// A failed read whose operations neither drain nor can be cut off (no endpoint reset: where
+// registrations are bound to the endpoint) leaves its replica created and unsealed, so the store
+// never reuses memory the read may still write; once its operations come back the replica is
+// aborted. The link freezes for real: a relay stops passing the connection's bytes.
+TEST_F(AgentSeams, AnUndrainedReadsReplicaIsQuarantinedUntilItDrains) {
+  Node& source = Start("source", {});
+  Node& reader = Start("reader", {{"op_timeout_ms", "200"}, {"drain_timeout_ms", "100"}},
+                       /*reset_endpoints=*/false);
+  FreezableRelay relay;
+  network_->tamper_lease = [&relay](const std::string&, v1::LeaseReply& reply) {
+    std::string address = reply.fabric_address();
+    ASSERT_GE(address.size(), sizeof(sockaddr_in));
+    sockaddr_in upstream{};
+    std::memcpy(&upstream, address.data(), sizeof(upstream));
+    relay.SetUpstream(upstream);
+    const uint16_t port = relay.port();
+    std::memcpy(address.data() + offsetof(sockaddr_in, sin_port), &port, sizeof(port));
+    reply.set_fabric_address(address);
+  };
+  const std::string a = RandomBytes(1 << 20, 11);
+  const std::string b = RandomBytes(1 << 20, 12);
+  source.store->Put(Id(1), a);
+  source.store->Put(Id(2), b);
+
+  // Through the relay while it passes traffic: the connection is up, the bytes arrive.
+  v1::PullReply reply = reader.agent->Pull(PullOf("source", {{Id(1), a.size()}}));
+  ASSERT_EQ(reply.results(0).outcome(), v1::PULLED) << reply.results(0).error();
+  EXPECT_TRUE(reader.store->Read(Id(1)) == a);
+  EXPECT_GT(relay.bytes_relayed(), a.size()) << "the read did not go through the relay";
+
+  relay.Freeze();
+  const Clock::time_point asked = Clock::now();
+  reply = reader.agent->Pull(PullOf("source", {{Id(2), b.size()}}));
+  ASSERT_EQ(reply.results_size(), 1);
+  EXPECT_EQ(reply.results(0).outcome(), v1::FAILED);
+  EXPECT_EQ(reply.results(0).error_code(), v1::ERROR_CODE_TIMED_OUT) << reply.results(0).error();
+  EXPECT_NE(reply.results(0).error().find("still outstanding"), std::string::npos)
+      << reply.results(0).error();
+  EXPECT_LT(Clock::now() - asked, std::chrono::seconds(3)) << "op and drain timeouts, no more";
+  EXPECT_EQ(CounterOf(reader.agent->GetStatus(), "replicas_quarantined"), 1u);
+  // Kept created and unsealed (the store holds its memory), not aborted, through sweeps.
+  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_TRUE(reader.store->Exists(Id(2))) << "aborted while its read could still write it";
+  EXPECT_EQ(reader.store->Read(Id(2)), "") << "a failed read's replica must never be sealed";
+  EXPECT_EQ(reader.store->Aborts(), 0);
+
+  // The link passes traffic again: the read's operations come back (done, or refused by the
+  // source, whose lease is given back by now); the next sweep aborts the replica.
+  relay.Thaw();
+  EXPECT_TRUE(Eventually([&] { return reader.store->Aborts() == 1; }, milliseconds(3000)))
+      << "the quarantined replica was not aborted once its read drained";
+  EXPECT_FALSE(reader.store->Exists(Id(2)));
+  EXPECT_TRUE(Eventually([&] { return source.store->Pins(Id(2)) == 0; }))
+      << "the failed read's lease was not given back";
 }
 
 // A serving store connection that breaks is replaced at once; the old one, which holds the pins of

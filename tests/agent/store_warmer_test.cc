@@ -140,6 +140,30 @@ TEST(StoreWarmer, StandsAsideWhileBusy) {
                       std::chrono::seconds(10)));
 }
 
+// Stopped (as ~Agent does before the components go), the warmer asks `busy` no more and maps
+// nothing by itself, while Add, Populate and Remove go on working for whoever still holds it.
+TEST(StoreWarmer, StoppedItNeverAsksAndStillPopulates) {
+  if (ShmemHugePages()) GTEST_SKIP() << "shmem huge pages on: counts are in 2 MiB units";
+  SharedFile file;
+  std::memset(file.others, 1, 8 * kMiB);
+  std::atomic<int> asked{0};
+  StoreWarmer warmer(Fast(), [&] {
+    ++asked;
+    return false;
+  });
+  warmer.Stop();
+  const int asked_when_stopped = asked.load();
+  warmer.Add(file.ours, kFile, file.fd);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(asked.load(), asked_when_stopped) << "busy asked after Stop";
+  EXPECT_EQ(warmer.bytes_warmed_in_background(), 0u);
+  EXPECT_EQ(MappedBytes(file.ours), 0u);
+  ASSERT_TRUE(warmer.Populate(file.ours, 4 * kMiB).ok());
+  EXPECT_EQ(MappedBytes(file.ours), 4 * kMiB);
+  warmer.Remove(file.ours);
+  warmer.Stop();  // twice: nothing more
+}
+
 TEST(StoreWarmer, PopulateMapsOnceAndRemembers) {
   if (ShmemHugePages()) GTEST_SKIP() << "shmem huge pages on: counts are in 2 MiB units";
   SharedFile file;

@@ -2,6 +2,9 @@
 // utility layer ignores the domain name hint: the choice must still honour RAYFABRIC_DOMAIN).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <map>
+
 #include "rayfabric/config.h"
 #include "rayfabric/fabric.h"
 
@@ -15,6 +18,46 @@ Config WithProvider(const std::string& provider, const std::string& domain = "")
     EXPECT_TRUE(c.Set("domain", domain).ok());
   }
   return c;
+}
+
+// What the engine is given: every value typed once from the table, lists split, sizes with
+// their suffixes, times in their units; a bad value refused with its name before anything opens.
+TEST(EngineSettings, ReadTypedFromTheConfiguration) {
+  Config c = Config::FromEnvironment();
+  for (const auto& [key, value] :
+       std::map<std::string, std::string>{{"provider", "tcp;ofi_rxm, sockets"},
+                                          {"domain", "lo"},
+                                          {"require_rdma", "yes"},
+                                          {"max_rails", "2"},
+                                          {"chunk_size", "1M"},
+                                          {"max_inflight", "8"},
+                                          {"op_timeout_ms", "1500"},
+                                          {"drain_timeout_ms", "250"},
+                                          {"max_registration", "64M"},
+                                          {"progress_spin_us", "20"}}) {
+    ASSERT_TRUE(c.Set(key, value).ok()) << key;
+  }
+  auto settings = EngineSettings::FromConfig(c);
+  ASSERT_TRUE(settings.ok()) << settings.status();
+  EXPECT_EQ(settings->providers, (std::vector<std::string>{"tcp;ofi_rxm", "sockets"}));
+  EXPECT_EQ(settings->domains, (std::vector<std::string>{"lo"}));
+  EXPECT_TRUE(settings->require_rdma);
+  EXPECT_EQ(settings->max_rails, 2);
+  EXPECT_EQ(settings->chunk_size, 1u << 20);
+  EXPECT_EQ(settings->max_inflight, 8u);
+  EXPECT_EQ(settings->op_timeout, std::chrono::milliseconds(1500));
+  EXPECT_EQ(settings->drain_timeout, std::chrono::milliseconds(250));
+  EXPECT_EQ(settings->max_registration, 64u << 20);
+  EXPECT_EQ(settings->progress_spin, std::chrono::microseconds(20));
+  EXPECT_TRUE(settings->reset_undrained_endpoints) << "not a setting: on unless code says so";
+
+  ASSERT_TRUE(c.Set("max_inflight", "0").ok());
+  auto refused = EngineSettings::FromConfig(c);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("max_inflight"), std::string::npos) << refused.status();
+  auto engine = Engine::Open(c);
+  ASSERT_FALSE(engine.ok()) << "an engine opened on a configuration its settings refuse";
+  EXPECT_NE(engine.status().message().find("max_inflight"), std::string::npos) << engine.status();
 }
 
 TEST(ProviderSelection, EveryOfferedDomainCanBeRequestedByName) {
