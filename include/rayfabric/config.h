@@ -1,9 +1,11 @@
 // One declarative table of every setting: name, environment variable, type (with what it
 // allows), default, doc. Values come from the table's defaults, then the environment, then
 // explicit overrides (command-line flags), and are checked against the table once, at start
-// (Config::Validate). libfabric's own FI_* variables are never read or written here. The Python
-// package's own settings are in python/rayfabric/settings.py, in the same shape; `rayfabric
-// doctor` prints both.
+// (Config::Validate). libfabric's own FI_* variables are never read or written here. The rows are
+// defined in python/rayfabric/settings.json, the one table that the Python package reads too: its
+// "agent" rows are compiled into ConfigTable() at build time (scripts/gen_config_table.py,
+// src/common/meson.build), its "python" rows are the package's own (python/rayfabric/settings.py);
+// `rayfabric doctor --settings` prints both.
 #pragma once
 
 #include <cstdint>

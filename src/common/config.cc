@@ -10,98 +10,11 @@
 
 namespace rayfabric {
 
+// The rows are python/rayfabric/settings.json's "agent" ones, compiled in at build time
+// (scripts/gen_config_table.py writes config_table.inc, src/common/meson.build).
 const std::vector<ConfigEntry>& ConfigTable() {
   static const std::vector<ConfigEntry> table = {
-      {"provider", "RAYFABRIC_PROVIDER", Spec(SettingType::kList), "",
-       "libfabric providers to use, a comma list (e.g. 'verbs;ofi_rxm,tcp;ofi_rxm', 'efa', "
-       "'sockets'); empty: rank what fi_info offers (efa, verbs above tcp, tcp above sockets) and "
-       "take the best RDMA provider plus the best socket provider. An agent opens them all and "
-       "each pair of nodes uses the best one both have; single-engine tools use the first. "
-       "FI_PROVIDER, if set, also restricts what libfabric offers."},
-      {"domain", "RAYFABRIC_DOMAIN", Spec(SettingType::kList), "",
-       "libfabric domain (NIC) names, a comma list, e.g. 'rxe0', 'mlx5_0,mlx5_1', 'eth0', for "
-       "the providers that offer them: the first one a provider offers is its domain, the others "
-       "it offers are further rails (large transfers are striped across them). Empty: the domain "
-       "holding the node's IP (the agent's --listen host), else the first non-loopback one, plus "
-       "on an RDMA provider every other domain of the same fabric (up to max_rails)."},
-      {"max_rails", "RAYFABRIC_MAX_RAILS", IntIn(1, 64), "4",
-       "the most domains (NICs) of one RDMA provider a node stripes across when RAYFABRIC_DOMAIN "
-       "does not list them; 1: one NIC per provider. Socket providers use one interface unless "
-       "RAYFABRIC_DOMAIN lists several."},
-      {"stripe_min", "RAYFABRIC_STRIPE_MIN", BytesAtLeast(1), "4M",
-       "the least bytes one rail moves of a striped transfer: a transfer of n bytes uses at most "
-       "n / stripe_min rails (smaller ones use one)."},
-      {"require_rdma", "RAYFABRIC_REQUIRE_RDMA", Spec(SettingType::kBool), "false",
-       "fail at startup instead of falling back to a non-RDMA provider (tcp, sockets, shm, udp)."},
-      {"chunk_size", "RAYFABRIC_CHUNK_SIZE", BytesAtLeast(1), "4M",
-       "largest single fi_read/fi_write; capped by the provider's max_msg_size."},
-      {"max_inflight", "RAYFABRIC_MAX_INFLIGHT", IntAtLeast(1), "16",
-       "RMA operations kept in flight per transfer."},
-      {"op_timeout_ms", "RAYFABRIC_OP_TIMEOUT_MS", IntAtLeast(1), "30000",
-       "progress timeout: a transfer in which no operation completed for this long fails with "
-       "TimedOut (dead or frozen peer, cut link); a large transfer on a slow link that keeps "
-       "completing operations never times out."},
-      {"drain_timeout_ms", "RAYFABRIC_DRAIN_TIMEOUT_MS", IntAtLeast(1), "5000",
-       "after a transfer failed, how long its operations still in flight may take to come back "
-       "before the engine resets its endpoint (closing every connection) so that none of them "
-       "can write a byte afterwards."},
-      {"progress_spin_us", "RAYFABRIC_PROGRESS_SPIN_US", IntIn(0, 100000), "0",
-       "how long the engine's progress thread keeps polling the completion queue (yielding the "
-       "CPU between polls) after a post or a completion before it blocks on its wait object, "
-       "and a caller waiting for a transfer polls its state from the start of its wait: a "
-       "completion within it is seen without a thread wake-up (tens of microseconds on a "
-       "virtual machine), for a CPU held that long. 0 (the default): block at once. For nodes "
-       "with cores to spare: on a 2-core VM, 50 made raw 4 KiB reads 2-5x and 64 KiB reads "
-       "1.4-2.4x faster, and showed no gain on whole Ray gets."},
-      {"max_registration", "RAYFABRIC_MAX_REGISTRATION", BytesAtLeast(1 << 20), "4G",
-       "largest single memory registration: larger ranges (an object store's arena, a large "
-       "object) are registered in slices of this size. 4G fits EFA (one registration with remote "
-       "access is capped at 1M pages) and every NIC known; an object across two slices moves "
-       "as two reads."},
-      {"log_level", "RAYFABRIC_LOG_LEVEL", Choice("error|warn|info|debug"), "info",
-       "error, warn, info or debug."},
-      {"warm_store", "RAYFABRIC_WARM_STORE", Spec(SettingType::kBool), "true",
-       "agent: map into the agent, in idle time, the store's pages that this node's processes "
-       "already use (a worker's put, an earlier replica), and remember which are mapped, so that "
-       "a replica written there takes no page fault and no mapping pass during its pull. Only a "
-       "store on tmpfs (/dev/shm, Ray's default); nothing is allocated. Costs the page tables of "
-       "what is mapped (2 MiB per GiB of store used), and while new store memory comes into use "
-       "at most ~20% of a core, paused whenever the agent moves bytes. The agent's RSS then "
-       "counts the store pages it maps (shared memory, counted once by the system). false: each "
-       "pull maps its replica's pages itself."},
-      {"exposure", "RAYFABRIC_EXPOSURE", Choice("object|arena|auto"), "auto",
-       "agent: what a lease exposes. 'object': a registration (and key) of the leased object's "
-       "bytes only, revoked at release or expiry; 'arena': one registration of the store's whole "
-       "arena, read-only, for the agent's lifetime (no registration per lease); 'auto': object "
-       "where registering costs nothing measurable (tcp, sockets, net: < 1 us at any size), arena "
-       "on RDMA providers (verbs pins pages: ~0.1 ms + 41 us/MiB measured on Soft-RoCE)."},
-      {"allow_unprotected_memory", "RAYFABRIC_ALLOW_UNPROTECTED_MEMORY", Spec(SettingType::kBool),
-       "false",
-       "agent: serve plasma memory even where the provider does not enforce registration access "
-       "(verbs or efa with libfabric's MR cache on, shm): peers holding or guessing a key could "
-       "then WRITE the store. Prefer FI_MR_CACHE_MONITOR=disabled (rayfabric's launcher sets "
-       "it, with the device-memory monitors off, when no MR-cache variable is set)."},
-      {"lease_ttl_ms", "RAYFABRIC_LEASE_TTL_MS", IntAtLeast(1), "60000",
-       "agent: a lease a reader never released is unpinned after this long (it bounds how long a "
-       "dead reader can hold objects in the store)."},
-      {"max_lease_ttl_ms", "RAYFABRIC_MAX_LEASE_TTL_MS", IntAtLeast(1), "600000",
-       "agent: the longest lease a reader may ask for; longer requests are clamped to it (a "
-       "reader asks for as long as its pull may take)."},
-      {"max_lease_bytes_per_peer", "RAYFABRIC_MAX_LEASE_BYTES_PER_PEER", BytesOrShareAtLeast(1),
-       "50%",
-       "agent: bytes of objects one peer host may hold pinned under leases at once, as a size "
-       "(e.g. 8G) or a share of the store's memory (e.g. 50%); more are refused "
-       "(RESOURCE_EXHAUSTED) so that one host cannot pin the whole store."},
-      {"max_leases", "RAYFABRIC_MAX_LEASES", IntAtLeast(1), "65536",
-       "agent: active leases per agent; more are refused (RESOURCE_EXHAUSTED) so that readers "
-       "cannot pin the whole store."},
-      {"store_timeout_ms", "RAYFABRIC_STORE_TIMEOUT_MS", IntAtLeast(1), "30000",
-       "agent: a plasma store that does not answer a request for this long breaks that "
-       "connection; the agent replaces it (a serving one stays open while leases granted on it "
-       "live, so their pins do)."},
-      {"create_timeout_ms", "RAYFABRIC_CREATE_TIMEOUT_MS", IntAtLeast(1), "10000",
-       "agent: how long a pull waits for room in a full local store before it gives up (and the "
-       "caller falls back to Ray's path)."},
+#include "config_table.inc"
   };
   return table;
 }

@@ -112,8 +112,10 @@ def test_a_bad_pending_mode_is_refused_with_both_choices():
     assert r.returncode == 0 and "PENDING race" in r.stdout, r.stderr
 
 
-# One configuration surface: the Python table (python/rayfabric/settings.py) beside the C++ one
-# (src/common/config.cc, listed by `rayfabric-fabric-info --settings --json`).
+# One configuration surface: every setting a row of python/rayfabric/settings.json, side "python"
+# (the package's own: rayfabric.settings.TABLE) or "agent" (compiled into the C++ table by
+# scripts/gen_config_table.py: src/common/config.cc, listed by `rayfabric-fabric-info --settings
+# --json`).
 sys.path.insert(0, str(ROOT / "python"))
 from rayfabric import settings  # noqa: E402
 
@@ -122,6 +124,11 @@ from rayfabric import settings  # noqa: E402
 LIBRARY_FILES = sorted((ROOT / "python" / "rayfabric").glob("*.py"))
 # Variables the package sets for itself, never a user's setting.
 INTERNAL = {"RAYFABRIC_AUTOLOAD_CHAINED_SETUP_HOOK"}
+GENERATOR = ROOT / "scripts" / "gen_config_table.py"
+KEYS = {"name", "env", "side", "type", "min", "max", "choices", "default", "doc"}
+BOUNDED = {"int", "bytes", "bytes_or_share"}
+INT64 = (-(1 << 63), (1 << 63) - 1)
+AGENT = [r for r in settings.ROWS if r["side"] == "agent"]
 
 
 def engine_table():
@@ -135,22 +142,138 @@ def engine_table():
     return json.loads(out.stdout)
 
 
+def size(text):
+    """A size as the agent reads one (rayfabric::ParseBytes), else None."""
+    m = re.fullmatch(r"(\d+)(|B|[Kk]|KiB|[Mm]|MiB|[Gg]|GiB)", text)
+    return int(m[1]) << {"": 0, "B": 0, "K": 10, "M": 20, "G": 30}[m[2][:1].upper()] if m else None
+
+
+def agent_value(row, text):
+    """`text` as a value of the agent's `row` (what Config::Validate allows), else None."""
+    kind = row["type"]
+    if kind in ("text", "list"):
+        return text
+    if kind == "bool":
+        return text in ("1", "true", "yes", "on", "0", "false", "no", "off", "") or None
+    if kind == "choice":
+        return text if text in row["choices"] else None
+    if kind == "bytes_or_share" and text.endswith("%"):
+        try:
+            return text if 0 < float(text[:-1]) <= 100 else None
+        except ValueError:
+            return None
+    number = (int(text) if re.fullmatch(r"-?\d+", text) else None) if kind == "int" else size(text)
+    if number is None or not row.get("min", INT64[0]) <= number <= row.get("max", INT64[1]):
+        return None
+    return number
+
+
+def test_every_row_has_one_side_and_a_unique_name_and_variable():
+    assert settings.ROWS and AGENT and settings.TABLE
+    names = [r["name"] for r in settings.ROWS]
+    envs = [r["env"] for r in settings.ROWS]
+    assert len(set(names)) == len(names), [n for n in names if names.count(n) > 1]
+    assert len(set(envs)) == len(envs), [e for e in envs if envs.count(e) > 1]
+    for r in settings.ROWS:
+        assert set(r) <= KEYS and {"name", "env", "side", "type", "default", "doc"} <= set(r), r
+        assert r["side"] in settings.SIDES, r
+        assert r["env"] == "RAYFABRIC_" + r["name"].upper(), r
+        assert r["type"] in settings.ALL_TYPES, r
+        assert isinstance(r["default"], str) and isinstance(r["doc"], str) and len(r["doc"]) > 20, r
+    # TABLE is exactly the python rows, in their order
+    assert [s.name for s in settings.TABLE] == [r["name"] for r in settings.ROWS if r["side"] == "python"]
+
+
 def test_every_python_row_has_a_type_a_default_it_allows_and_a_doc():
     for s in settings.TABLE:
-        assert s.env == "RAYFABRIC_" + s.name.upper(), s
         assert s.type in settings.TYPES, s
-        assert len(s.doc) > 20, s
         settings.parse(s, s.default)  # the default is a value of its own type
         if s.type in ("bool", "choice"):
             assert s.choices and s.default in [v for v, _ in s.choices], s
+            assert all(len(c) == 2 and all(isinstance(x, str) and x for x in c) for c in s.choices), s
+        else:
+            assert not s.choices, s
+        row = next(r for r in settings.ROWS if r["name"] == s.name)
+        assert "min" not in row and "max" not in row, row
 
 
-def test_the_two_tables_share_no_name_and_cover_every_variable_the_library_reads():
+def test_every_agent_row_is_valid_for_its_type():
+    for r in AGENT:
+        assert r["type"] != "seconds", r  # not a C++ type
+        if r["type"] in BOUNDED:
+            for key in ("min", "max"):
+                if key in r:
+                    assert isinstance(r[key], int) and not isinstance(r[key], bool), r
+                    assert INT64[0] <= r[key] <= INT64[1], r
+            assert r.get("min", INT64[0]) <= r.get("max", INT64[1]), r
+        else:
+            assert "min" not in r and "max" not in r, r
+        if r["type"] == "choice":
+            assert r["choices"] and all(isinstance(c, str) and c and "|" not in c for c in r["choices"]), r
+        else:
+            assert "choices" not in r, r
+        assert agent_value(r, r["default"]) is not None, r  # the default is allowed
+
+
+def bound_in_words(row):
+    """What Config's listing says of a row's bounds (BoundInWords in config.cc)."""
+    sizes = row["type"] != "int"
+
+    def word(v):
+        if sizes and v >= 1 << 20 and v % (1 << 20) == 0:
+            return f"{v >> 20}M"
+        if sizes and v >= 1 << 10 and v % (1 << 10) == 0:
+            return f"{v >> 10}K"
+        return str(v)
+    low, high = row.get("min"), row.get("max")
+    if low is not None and high is not None:
+        return f"in [{word(low)}, {word(high)}]"
+    return f"at least {word(low)}" if low is not None else f"at most {word(high)}" if high is not None else ""
+
+
+def test_the_built_cpp_table_is_the_json_agent_rows():
+    # The C++ table as the build compiled it: every agent row, in order, with its variable, type,
+    # bounds or choices, default and doc; no other row. Fails when the generation drifts.
+    engine = engine_table()
+    assert [r["name"] for r in engine] == [r["name"] for r in AGENT]
+    for built, row in zip(engine, AGENT):
+        assert built["env"] == row["env"], (built, row)
+        assert built["type"].replace(" ", "_") == row["type"], (built, row)
+        assert built["default"] == row["default"] and built["value"] == row["default"], (built, row)
+        assert built["doc"] == row["doc"], (built, row)
+        if row["type"] == "choice":
+            assert built["allows"] == ", ".join(row["choices"][:-1]) + " or " + row["choices"][-1], built
+        bound = bound_in_words(row)
+        assert (bound in built["allows"]) if bound else not re.search(r"at least|at most|in \[", built["allows"]), \
+            (built, row)
+
+
+def test_the_generator_refuses_a_bad_row_with_its_name(tmp_path):
+    good = {"name": "x_y", "env": "RAYFABRIC_X_Y", "side": "agent", "type": "int", "default": "1",
+            "doc": "a setting of the test"}
+    for bad, why in [({"type": "seconds"}, "is not one the agent reads"), ({"min": 5, "max": 1}, "min 5 > max 1"),
+                     ({"type": "choice", "default": "a"}, "needs choices"),
+                     ({"type": "choice", "choices": ["b"], "default": "a"}, "is not one of"),
+                     ({"type": "bool", "min": 1}, "has no min or max"), ({"side": "both"}, "side must be"),
+                     ({"colour": "red"}, "unknown keys")]:
+        src = tmp_path / "settings.json"
+        src.write_text(json.dumps({"settings": [{**good, **bad}]}))
+        r = subprocess.run([sys.executable, str(GENERATOR), str(src), str(tmp_path / "out.inc")],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and "x_y" in r.stderr and why in r.stderr, (bad, r.stderr)
+    src.write_text(json.dumps({"settings": [good, {**good, "name": "p", "env": "RAYFABRIC_P", "side": "python"}]}))
+    r = subprocess.run([sys.executable, str(GENERATOR), str(src), str(tmp_path / "out.inc")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = (tmp_path / "out.inc").read_text()
+    assert '{"x_y", "RAYFABRIC_X_Y",' in out and "SettingType::kInt" in out and '"RAYFABRIC_P"' not in out
+
+
+def test_the_two_sides_cover_every_variable_the_library_reads():
     engine = engine_table()
     cpp = {row["env"] for row in engine}
     py = {s.env for s in settings.TABLE}
     assert not cpp & py, f"in both tables: {cpp & py}"
-    assert {row["name"] for row in engine}.isdisjoint(settings.BY_NAME), "a name in both tables"
     for row in engine:
         assert row["type"] and row["allows"] and row["doc"] and row["source"] == "default", row
     mentioned = {}

@@ -976,14 +976,14 @@ def settings_report(env: Mapping[str, str] = os.environ, timeout: float = 60) ->
 def render_settings(report: dict[str, Any]) -> str:
     """The settings report as `ucx_info -c` lists its own: doc, what it allows and the default as
     comments, then ENV=value."""
-    out = ["# The agent's and the engine's settings (C++: src/common/config.cc)", ""]
+    out = ["# The agent's and the engine's settings (C++: settings.json's agent rows)", ""]
     for row in report["engine"] or []:
         out += [f"# {row['doc']}", f"# {row['type']}: {row['allows']}; default '{row['default']}'"
                 + ("" if row["source"] == "default" else f"; set by {row['source']}"),
                 f"{row['env']}={row['value']}", ""]
     if report["engine_error"]:
         out += [f"# {'NOT VALID' if report['engine'] is not None else 'NOT LISTED'}: {report['engine_error']}", ""]
-    out += ["# The Python package's settings (python/rayfabric/settings.py)", ""]
+    out += ["# The Python package's settings (settings.json's python rows)", ""]
     for row in report["python"]:
         out += [f"# {row['doc']}", f"# {row['type']}: {row['allows']}"
                 + ("" if row["source"] == "default" else f"; set by {row['source']}"),
