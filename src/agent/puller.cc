@@ -515,12 +515,22 @@ std::set<std::string> Puller::UnusableWith(const std::string& source) {
 
 void Puller::MarkUnusable(const std::string& source, const std::string& provider,
                           const Status& why) {
-  RF_LOG(kWarn, "reads from the agent at "
-                    << source << " over " << provider << " failed (" << why.message().substr(0, 200)
-                    << "): the pair uses "
-                    << "its next shared provider for "
-                    << std::chrono::duration_cast<std::chrono::seconds>(kUnusableFor).count()
-                    << " s");
+  // What later pulls from that source really do: this node's other providers are offered first
+  // (which of them the source speaks is its answer's to say), or, where there is none, the same.
+  std::string others;
+  for (const Fabric& fab : fabrics_.all()) {
+    if (fab.provider() != provider) others += (others.empty() ? "" : ", ") + fab.provider();
+  }
+  const std::string then =
+      others.empty()
+          ? provider + " is this node's only provider: later pulls from that agent go on using it"
+          : "for " +
+                std::to_string(
+                    std::chrono::duration_cast<std::chrono::seconds>(kUnusableFor).count()) +
+                " s later pulls from that agent offer " + others + " instead (" + provider +
+                " again where none of them is shared)";
+  RF_LOG(kWarn, "reads from the agent at " << source << " over " << provider << " failed ("
+                                           << why.message().substr(0, 200) << "): " << then);
   std::lock_guard<std::mutex> lock(links_mu_);
   unusable_[source][provider] = Clock::now() + kUnusableFor;
 }

@@ -267,7 +267,11 @@ TEST_F(AgentSeams, FailsOverToTheNextProviderWhenReadsFail) {
   source.store->Put(Id(1), a);
   source.store->Put(Id(2), b);
 
+  ::testing::internal::CaptureStderr();
   v1::PullReply reply = reader.agent->Pull(PullOf("source", {{Id(1), a.size()}}));
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("later pulls from that agent offer sockets instead"), std::string::npos)
+      << log;
   ASSERT_EQ(reply.results_size(), 1);
   EXPECT_EQ(reply.results(0).outcome(), v1::PULLED) << reply.results(0).error();
   EXPECT_EQ(reply.results(0).provider(), "sockets");
@@ -367,7 +371,14 @@ TEST_F(AgentSeams, AnUndrainedReadsReplicaIsQuarantinedUntilItDrains) {
 
   relay.Freeze();
   const Clock::time_point asked = Clock::now();
+  ::testing::internal::CaptureStderr();
   reply = reader.agent->Pull(PullOf("source", {{Id(2), b.size()}}));
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("tcp;ofi_rxm is this node's only provider: later pulls from that agent go on "
+                     "using it"),
+            std::string::npos)
+      << "the log must not promise a provider the pair does not have:\n"
+      << log;
   ASSERT_EQ(reply.results_size(), 1);
   EXPECT_EQ(reply.results(0).outcome(), v1::FAILED);
   EXPECT_EQ(reply.results(0).error_code(), v1::ERROR_CODE_TIMED_OUT) << reply.results(0).error();
