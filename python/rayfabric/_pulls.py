@@ -6,6 +6,7 @@ their records in Ray's KV (rayfabric._records); starting them is rayfabric._agen
 import atexit
 import hashlib
 import logging
+import os
 import threading
 import time
 
@@ -37,6 +38,12 @@ PULL_TIMEOUT_S = settings.get("pull_timeout_s")
 # in its record (the raylet that stored it says where a moment after the task's reply: 0.15-3.8 ms
 # measured, in ~2% of gets). Reading the own record costs no round trip.
 OWN_LOCATION_WAIT_S = 0.05
+# Ray keeps objects up to this size in their owner's memory instead of a store (its own
+# max_direct_call_object_size: 100 KiB unless RAY_max_direct_call_object_size says otherwise). A
+# larger one in no store is a skip worth telling an operator about (NO_LOCATION).
+_MAX_INLINED_BYTES = int(os.environ.get("RAY_max_direct_call_object_size", str(100 * 1024)))
+NO_LOCATION = ("no location known for the object: no store holds it by its owner's directory (its "
+               "node lost, or its owner not told yet where it is, e.g. after a link cut)")
 
 
 # Whether the locations of objects this process owns are read from its own reference counter.
@@ -398,7 +405,13 @@ def _pull(refs, timeout, claim=False, answer_within_s=None, source_node=None):
             _count("already_here")  # nothing to move (for call arguments: Ray's pull was done first)
             continue
         if not nodes:
-            _count("ray_path_not_in_plasma")  # inlined in the owner, spilled, or lost
+            if size > _MAX_INLINED_BYTES and not loc.get("did_spill"):
+                # Too big to be inlined, in no store by the owner's directory: lost with its node
+                # (Ray rebuilds it from lineage or raises), or not yet heard of by its owner (right
+                # after a link cut): Ray's path moves it, and an operator sees it by reason.
+                _fallback(NO_LOCATION)
+            else:
+                _count("ray_path_not_in_plasma")  # inlined in the owner, or spilled to disk
             continue
         if size < MIN_OBJECT_BYTES:
             _count("ray_path_small")
