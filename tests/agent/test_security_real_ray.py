@@ -810,7 +810,7 @@ def test_a_forged_job_record_is_at_most_an_opt_out(cluster, capsys):
     try:
         for garbage in (b"\xff{not json", b"[1, 2, 3]", b"null"):
             forge(garbage)
-            assert autoload._job_record(job) == {}, garbage  # as if there were none: not an opt-out
+            assert autoload._kv().job_record(job) == {}, garbage  # as if there were none: not an opt-out
             assert rayfabric.status()["jobs"] == [], garbage
         forge(json.dumps({"job_id": "another job", "mode": "on\n\x1b[2Jjob FAKE: transparent mode on", "autoload_off": True,
                           "pid": {"x": 1}, "node_id": 7, "entrypoint": "\x1b]0;owned\x07python evil.py",
@@ -823,7 +823,7 @@ def test_a_forged_job_record_is_at_most_an_opt_out(cluster, capsys):
         (line,) = [x for x in printed.splitlines() if x.startswith("job ")]
         assert "\x1b" not in printed and "\x07" not in printed, printed
         assert "\\n\\x1b[2Jjob FAKE" in line and not any(x.startswith("job FAKE") for x in printed.splitlines())
-        assert autoload._job_record(job)["autoload_off"] is True  # what a forgery can do
+        assert autoload._kv().job_record(job)["autoload_off"] is True  # what a forgery can do
         # The fabric's bytes are not the record's business.
         ref = object_on("n1", 8 * MiB, 4242)
         got = ray.get(on("n0", fetch).remote([ref]), timeout=120)
