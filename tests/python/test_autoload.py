@@ -110,9 +110,9 @@ def test_the_kv_names_and_records_are_rayfabrics():
                  "kv = m._kv()\n"
                  "print(kv.__file__.endswith('/rayfabric/_kv.py'), 'rayfabric' in sys.modules, m._kv() is kv, "
                  "kv.parse_record('{not json') is None, kv.parse_record('[1]') is None, kv.parse_record('{\"a\": 1}'))\n"
-                 "from rayfabric import _agents\n"
+                 "from rayfabric import _records\n"
                  "print((kv.NAMESPACE, kv.KV_PREFIX, kv.KV_JOB_PREFIX) == "
-                 "(_agents.NAMESPACE, _agents.KV_PREFIX, _agents.KV_JOB_PREFIX), m._kv() is sys.modules['rayfabric._kv'])")
+                 "(_records.NAMESPACE, _records.KV_PREFIX, _records.KV_JOB_PREFIX), m._kv() is sys.modules['rayfabric._kv'])")
     assert out == ["True", "False", "True", "True", "True", "{'a':", "1}", "True", "True"]
 
 
