@@ -4,7 +4,10 @@ The installed package puts `rayfabric-autoload.pth` into site-packages; Python r
 at start-up in every process of that environment: `import _rayfabric_autoload` (this file: the
 standard library only, no Ray, no rayfabric) and at_startup(), which puts a finder in front of
 sys.meta_path that waits for `import ray` (for any other import it compares one name). Nothing
-else happens in a process that never imports Ray. Once Ray's package has been executed:
+else happens in a process that never imports Ray. Once Ray's package has been executed (rayfabric's
+records in the KV, their names and a driver's job record, are read and written with
+rayfabric/_kv.py, the standard library only, which this file loads on its own, not the package;
+the package never imports this file):
 
 - in a Ray worker process (Ray's default_worker.py): the worker's setup hook (the environment
   variable through which Ray runs a job's `worker_process_setup_hook` once the worker has
@@ -17,7 +20,8 @@ else happens in a process that never imports Ray. Once Ray's package has been ex
   lists which jobs have it, and the job's workers read an opt-out from it).
 
 A cluster without agents sees no change in behaviour: one read of the cluster's KV per process
-(a driver's at connect, a worker's at its first ray.get/ray.wait), no rayfabric import, no message,
+(a driver's at connect, a worker's at its first ray.get/ray.wait), no import of the rayfabric package
+(rayfabric/_kv.py alone, the standard library), no message,
 the job's runtime_env untouched. A job opts out with
 RAYFABRIC_AUTOLOAD=0 in its driver's environment (the driver's record then says so to the job's
 workers, which read it before they turn anything on) or in its runtime_env's env_vars (the
@@ -30,17 +34,13 @@ import sys
 import time
 
 SWITCH = "RAYFABRIC_AUTOLOAD"
-# rayfabric._agents keeps its records under these (tests/python/test_autoload.py checks they agree;
-# this file imports nothing of rayfabric).
-KV_NAMESPACE = "rayfabric"
-KV_AGENT_PREFIX = "agent:"
-KV_JOB_PREFIX = "job:"
 _WORKER_HOOK = "_rayfabric_autoload.worker_setup"
 _CHAINED_SETUP = "RAYFABRIC_AUTOLOAD_CHAINED_SETUP_HOOK"  # the job's own worker setup hook
 _OFF_VALUES = ("0", "false", "no", "off")
 _ON_VALUES = ("", "1", "true", "yes", "on")
 _LEFT_ALONE = ("_ray_internal", "rayfabric")  # namespaces: Ray's own processes, rayfabric's commands
 _said = set()
+_kv_loaded = []  # rayfabric/_kv.py, loaded on its own (_kv)
 
 
 def at_startup():
@@ -68,6 +68,26 @@ def _say(message):
     if message not in _said:
         _said.add(message)
         print("rayfabric: " + message, file=sys.stderr)
+
+
+def _kv():
+    """rayfabric._kv (the KV's names, the record parser, a driver's job record): the library's own
+    where it has been imported, else that file loaded on its own, from the package `import
+    rayfabric` would find, without importing the package (that brings the whole library, which a
+    process without agents never loads). Raises where there is no such package."""
+    module = sys.modules.get("rayfabric._kv") or (_kv_loaded[0] if _kv_loaded else None)
+    if module is None:
+        import importlib.util
+        package = importlib.util.find_spec("rayfabric")  # (a top-level name: imports nothing)
+        paths = [os.path.join(d, "_kv.py") for d in (package and package.submodule_search_locations) or ()]
+        path = next((p for p in paths if os.path.isfile(p)), None)
+        if path is None:
+            raise ModuleNotFoundError("no rayfabric package (rayfabric/_kv.py) beside the start-up hook")
+        spec = importlib.util.spec_from_file_location("_rayfabric_autoload_kv", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _kv_loaded[:] = [module]
+    return module
 
 
 class _RayFinder:
@@ -173,7 +193,7 @@ def worker_setup():
     try:
         if not _agents_published():
             _arm()  # agents may start later
-        elif not _job_record(job_id).get("autoload_off"):
+        elif not _kv().job_record(job_id).get("autoload_off"):
             _turn_on()
     except Exception as e:  # noqa: BLE001 - the worker runs on Ray's path
         _say(f"transparent mode not turned on in this worker: {type(e).__name__}: {e}")
@@ -184,35 +204,28 @@ def driver_setup():
     and the job's record for `rayfabric status`. Never raises."""
     try:
         import ray
-        if not connected_driver():
+        kv = _kv()
+        if not kv.connected_driver():
             return  # Ray Client, or not connected
         job_env = (ray.get_runtime_context().runtime_env or {}).get("env_vars") or {}
         if off(job_env):
             # Its workers have it in their environment; the record is for `rayfabric status`.
             if _agents_published():
-                record_job(f"off: {SWITCH}=0 in the job's runtime_env", opted_out=True)
+                kv.record_job(f"off: {SWITCH}=0 in the job's runtime_env", opted_out=True)
             return
         if off(os.environ):
             # Written even where no agent runs yet, before any task of the job exists: its workers
             # read it before they turn anything on.
-            record_job(f"off: {SWITCH}=0 in the driver's environment", opted_out=True)
+            kv.record_job(f"off: {SWITCH}=0 in the driver's environment", opted_out=True)
             return
         if _left_alone():
             return
         if not _agents_published():
             _arm()  # a cluster without rayfabric: nothing changes unless agents start later
         elif not _turn_on("on: the installed package (autoload)"):
-            record_job("off: transparent mode could not start (see the driver's stderr)")
+            kv.record_job("off: transparent mode could not start (see the driver's stderr)")
     except Exception as e:  # noqa: BLE001 - the job runs on Ray's path
         _say(f"transparent mode not turned on in this driver: {type(e).__name__}: {e}")
-
-
-def connected_driver():
-    """This process is a Ray driver connected to its cluster (not a worker, not Ray Client's)."""
-    import ray
-    worker = ray._private.worker.global_worker
-    return getattr(worker, "mode", None) == ray._private.worker.SCRIPT_MODE \
-        and getattr(worker, "core_worker", None) is not None and ray.is_initialized()
 
 
 def _left_alone():
@@ -222,30 +235,15 @@ def _left_alone():
 
 def _agents_published():
     from ray.experimental import internal_kv
-    return bool(internal_kv._internal_kv_list(KV_AGENT_PREFIX, namespace=KV_NAMESPACE))
-
-
-def _job_record(job_id):
-    from ray.experimental import internal_kv
-    return parse_record(internal_kv._internal_kv_get(KV_JOB_PREFIX + job_id, namespace=KV_NAMESPACE)) or {}
-
-
-def parse_record(value):
-    """A record from the cluster's KV as a dict, or None for one that is not (anyone who reaches the
-    KV can write there: a garbled or forged value counts as none, never fatal to its readers)."""
-    import json
-    try:
-        record = json.loads(value) if value else None
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
+    kv = _kv()
+    return bool(internal_kv._internal_kv_list(kv.KV_PREFIX, namespace=kv.NAMESPACE))
 
 
 def _job_opted_out():
     """Whether this worker's job's driver said RAYFABRIC_AUTOLOAD=0 (its record). Read inside a
     task (the job is known then)."""
     import ray
-    return bool(_job_record(ray.get_runtime_context().get_job_id()).get("autoload_off"))
+    return bool(_kv().job_record(ray.get_runtime_context().get_job_id()).get("autoload_off"))
 
 
 # A worker decides at its first ray.get or ray.wait, and a process that found no agents (a driver
@@ -323,7 +321,7 @@ def _check_and_turn_on():
     try:
         if not _agents_published():
             return
-        if connected_driver():
+        if _kv().connected_driver():
             driver = True  # (a driver that opted out never armed)
         else:
             driver = False
@@ -340,7 +338,7 @@ def _check_and_turn_on():
             targets = {"get": transparent._get, **({"wait": waits._wait} if waits.installed() else {})}
         _disarm(targets)
         if driver and not on:
-            record_job("off: transparent mode could not start (see the driver's stderr)")
+            _kv().record_job("off: transparent mode could not start (see the driver's stderr)")
     except Exception as e:  # noqa: BLE001 - Ray's path
         _say(f"transparent mode not turned on in this process: {type(e).__name__}: {e}")
     finally:
@@ -367,22 +365,3 @@ def _turn_on(record=None):
         _say(f"transparent mode not turned on in this process: {type(e).__name__}: {e}")
         return False
 
-
-def record_job(mode, opted_out=None):
-    """This driver's job in the cluster's KV, for `rayfabric status` and for the job's workers:
-    whether transparent mode is on and how (a driver's own transparent.enable() records itself
-    too), and (opted_out; None: as the record said) whether the job turned autoload off, which its
-    workers read."""
-    import json
-
-    import ray
-    from ray.experimental import internal_kv
-    context = ray.get_runtime_context()
-    job_id = context.get_job_id()
-    if opted_out is None:
-        opted_out = bool(_job_record(job_id).get("autoload_off"))
-    record = {"job_id": job_id, "mode": mode, "autoload_off": opted_out, "node_id": context.get_node_id(),
-              "pid": os.getpid(), "entrypoint": " ".join(sys.argv)[:200] or "(interactive)",
-              "started": time.time()}
-    internal_kv._internal_kv_put(KV_JOB_PREFIX + record["job_id"], json.dumps(record), overwrite=True,
-                                 namespace=KV_NAMESPACE)

@@ -10,5 +10,7 @@
 Any failure (no agent, lease refused, RDMA error, object spilled or inlined) falls back to Ray's
 own path: the result is always what ray.get returns. The Python package is thin glue around the
 C++ binaries built by meson (inside the package when installed with pip, else build/)."""
-from rayfabric._paths import RAY_VERSION, bin_dir  # noqa: F401 - the API
-from rayfabric.api import broadcast, get, init, prefetch, shutdown, stats, status  # noqa: F401
+from rayfabric._paths import RAY_VERSION, bin_dir
+from rayfabric.api import broadcast, get, init, prefetch, shutdown, stats, status
+
+__all__ = ["RAY_VERSION", "bin_dir", "broadcast", "get", "init", "prefetch", "shutdown", "stats", "status"]  # the API

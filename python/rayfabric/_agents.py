@@ -15,9 +15,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayfabric import _pulls, settings
 from rayfabric._paths import bin_dir
-# The records (and their names) are rayfabric._records'; re-exported for the launcher's users.
-from rayfabric._records import (KV_JOB_PREFIX, KV_PREFIX, KV_UNAVAILABLE, NAMESPACE,  # noqa: F401
-                                alive_nodes, jobs, published, unavailable)
+# The records (and their names) are rayfabric._records' (the jobs' too: read them there).
+from rayfabric._records import KV_PREFIX, KV_UNAVAILABLE, NAMESPACE, alive_nodes, published, unavailable
 from rayfabric.launch_env import agent_fabric_env
 
 

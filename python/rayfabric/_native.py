@@ -16,8 +16,8 @@ def fabric():
     if _MODULE in sys.modules:
         return sys.modules[_MODULE]
     try:
-        from rayfabric import _fabric  # noqa: F401  (inside an installed package)
-        return sys.modules[_MODULE]
+        from rayfabric import _fabric  # inside an installed package
+        return _fabric
     except ImportError:
         pass
     pattern = os.path.join(bin_dir(), "src", "python", "_fabric*" + importlib.machinery.EXTENSION_SUFFIXES[0])

@@ -6,12 +6,9 @@ the start-up hook. Records of nodes or jobs that are gone are deleted as they ar
 import ray
 from ray.experimental import internal_kv
 
-import _rayfabric_autoload
+# The names the start-up hook reads and writes too, and the one record parser (rayfabric._kv).
+from rayfabric._kv import KV_JOB_PREFIX, KV_PREFIX, NAMESPACE, parse_record
 
-# The start-up hook (_rayfabric_autoload, which imports nothing of rayfabric) reads these too.
-NAMESPACE = "rayfabric"
-KV_PREFIX = "agent:"
-KV_JOB_PREFIX = "job:"  # a driver's job: whether transparent mode is on in it (rayfabric status)
 # Nodes where no agent could start (e.g. no provider that reaches other hosts), with the reason:
 # gets that involve them go Ray's path at once and say why.
 KV_UNAVAILABLE = "unavailable:"
@@ -44,7 +41,7 @@ def _live_records(prefix, keys, alive, required=()):
         if key[len(prefix):] not in alive:
             internal_kv._internal_kv_del(key, namespace=NAMESPACE)
             continue
-        record = _rayfabric_autoload.parse_record(internal_kv._internal_kv_get(key, namespace=NAMESPACE))
+        record = parse_record(internal_kv._internal_kv_get(key, namespace=NAMESPACE))
         if record is not None and all(isinstance(record.get(f), str) for f in required):
             out[key[len(prefix):]] = record
     return out
@@ -60,7 +57,7 @@ def published():
 
 def jobs():
     """[record] of the running jobs whose drivers said whether transparent mode is on in them
-    (_rayfabric_autoload.record_job), oldest first; the records of jobs that ended are deleted."""
+    (rayfabric._kv.record_job), oldest first; the records of jobs that ended are deleted."""
     # The records first, then the job table: a job that starts in between is not taken for ended.
     keys = internal_kv._internal_kv_list(KV_JOB_PREFIX, namespace=NAMESPACE)
     try:

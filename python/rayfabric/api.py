@@ -3,12 +3,13 @@ package docstring). Agents are started by rayfabric._agents, objects moved by ra
 broadcast in rayfabric._broadcast; this module composes them."""
 import ray
 
-from rayfabric import _agents, _pulls
+from rayfabric import _agents, _pulls, _records
 from rayfabric import agent_pb2 as pb
-from rayfabric._broadcast import broadcast  # noqa: F401 - the API
+from rayfabric._broadcast import broadcast
 from rayfabric._client import counters, exposure_name
-from rayfabric._pulls import get, prefetch, stats  # noqa: F401 - the API
+from rayfabric._pulls import get, prefetch, stats
 
+__all__ = ["broadcast", "get", "init", "prefetch", "shutdown", "stats", "status"]  # the API (rayfabric's __init__)
 _watcher = None
 
 
@@ -67,7 +68,7 @@ def status(timeout=10):
     for node, why in _agents.unavailable().items():
         out.setdefault(node, {"alive": False, "error": "no agent could start here: " + why[:300]})
     _coverage(out)
-    return {"agents": out, "jobs": _agents.jobs(), "local": stats()}
+    return {"agents": out, "jobs": _records.jobs(), "local": stats()}
 
 
 def _coverage(agents):

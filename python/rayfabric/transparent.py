@@ -14,7 +14,7 @@ import os
 
 import ray
 
-from rayfabric import _paths, _pulls, api, settings
+from rayfabric import _kv, _paths, _pulls, api, settings
 
 _original_get = None
 
@@ -65,9 +65,8 @@ def enable(arguments=True, waits=True, record=None):
 def _record_driver(mode):
     """A driver's job says in the cluster's KV that it has transparent mode (`rayfabric status`)."""
     try:
-        import _rayfabric_autoload
-        if _rayfabric_autoload.connected_driver():
-            _rayfabric_autoload.record_job(mode)
+        if _kv.connected_driver():
+            _kv.record_job(mode)
     except Exception as e:  # noqa: BLE001 - a missing record changes no transfer
         _pulls.log.debug("rayfabric: the job's record was not written: %s", e)
 

@@ -417,7 +417,7 @@ def test_own_results_are_located_without_a_round_trip(cluster, own_locations):
         assert out["own"] not in out["asked"] and out["asked"] == [borrowed.hex()], out
     else:
         assert out["owned"] == 0 and sorted(out["asked"]) == sorted([out["own"], borrowed.hex()]), out
-    del borrowed
+    borrowed = None  # the driver's reference goes (the lambda above reads the name: rebound, not deleted)
     assert wait_idle() == {}
 
 

@@ -22,7 +22,6 @@ import ray
 
 import rayfabric
 from rayfabric import _agents
-from rayfabric import agent_pb2 as pb
 from rayfabric._client import AgentClient
 
 from ray_test_cluster import agents_cluster, on, produce

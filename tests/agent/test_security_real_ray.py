@@ -680,6 +680,7 @@ def test_a_source_frozen_mid_transfer_never_changes_a_byte(cluster):
     n1 = client(cluster, "n1")
     n0 = client(cluster, "n0")
     size = 512 * MiB
+    ref = None  # the object of the attempt in which the source was frozen, once the loop is left
     for attempt in range(4):
         ref = object_on("n1", size, 60 + attempt)
         resets_before = n0.counters()["endpoint_resets"]
@@ -707,7 +708,7 @@ def test_a_source_frozen_mid_transfer_never_changes_a_byte(cluster):
         assert out["digests"] == [expected_digest(size, 60 + attempt)], out
         if frozen_mid_transfer:
             break
-        del ref
+        ref = None  # this attempt's object goes before the next one is made
     else:
         pytest.fail("the transfer finished before the source could be frozen, 4 times")
     print(f"\nfrozen source: {out['reasons']}")
@@ -800,17 +801,17 @@ def test_a_forged_job_record_is_at_most_an_opt_out(cluster, capsys):
     forgery can do is mark the job opted out (its workers then stay on Ray's path)."""
     import _rayfabric_autoload as autoload
     from ray.experimental import internal_kv
-    from rayfabric import _agents, cli
+    from rayfabric import _records, cli
     job = ray.get_runtime_context().get_job_id()
-    key = _agents.KV_JOB_PREFIX + job
+    key = _records.KV_JOB_PREFIX + job
 
     def forge(value):
-        internal_kv._internal_kv_put(key, value, overwrite=True, namespace=_agents.NAMESPACE)
+        internal_kv._internal_kv_put(key, value, overwrite=True, namespace=_records.NAMESPACE)
 
     try:
         for garbage in (b"\xff{not json", b"[1, 2, 3]", b"null"):
             forge(garbage)
-            assert autoload._job_record(job) == {}, garbage  # as if there were none: not an opt-out
+            assert autoload._kv().job_record(job) == {}, garbage  # as if there were none: not an opt-out
             assert rayfabric.status()["jobs"] == [], garbage
         forge(json.dumps({"job_id": "another job", "mode": "on\n\x1b[2Jjob FAKE: transparent mode on", "autoload_off": True,
                           "pid": {"x": 1}, "node_id": 7, "entrypoint": "\x1b]0;owned\x07python evil.py",
@@ -823,13 +824,13 @@ def test_a_forged_job_record_is_at_most_an_opt_out(cluster, capsys):
         (line,) = [x for x in printed.splitlines() if x.startswith("job ")]
         assert "\x1b" not in printed and "\x07" not in printed, printed
         assert "\\n\\x1b[2Jjob FAKE" in line and not any(x.startswith("job FAKE") for x in printed.splitlines())
-        assert autoload._job_record(job)["autoload_off"] is True  # what a forgery can do
+        assert autoload._kv().job_record(job)["autoload_off"] is True  # what a forgery can do
         # The fabric's bytes are not the record's business.
         ref = object_on("n1", 8 * MiB, 4242)
         got = ray.get(on("n0", fetch).remote([ref]), timeout=120)
         assert got["digests"] == [expected_digest(8 * MiB, 4242)] and got["pulled"] == 1, got
     finally:
-        internal_kv._internal_kv_del(key, namespace=_agents.NAMESPACE)
+        internal_kv._internal_kv_del(key, namespace=_records.NAMESPACE)
 
 
 @pytest.mark.skipif(MODE != "none", reason="runs on the plain cluster")

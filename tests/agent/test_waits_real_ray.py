@@ -26,7 +26,7 @@ from ray.cluster_utils import Cluster
 from ray.util import ActorPool
 
 import rayfabric
-from rayfabric import api, transparent, waits
+from rayfabric import transparent, waits
 
 from ray_test_cluster import node_ids, on, use_this_checkout
 

@@ -4,7 +4,7 @@ test_wheel_install run it on real ones): the finder waits for `import ray` and l
 that never imports Ray keeps neither Ray nor rayfabric; in a Ray worker the setup hook is ours and
 chains the job's (not in spill/restore workers); elsewhere ray.init is wrapped; a probe for Ray
 and a reload; the wrappers of a process without agents, wrapped again by someone else; which calls
-may wait for the first look; the opt-out's values; the KV names shared with rayfabric; a .pth
+may wait for the first look; the opt-out's values; the KV records' code shared with rayfabric; a .pth
 whose module is missing."""
 import os
 import subprocess
@@ -103,11 +103,17 @@ def test_which_calls_may_wait_for_the_first_look():
     assert out == ["any", "first", "any", "any", "''"]
 
 
-def test_the_kv_names_agree_with_rayfabrics():
-    out, _ = run("from rayfabric import _agents\n"
-                 "print((m.KV_NAMESPACE, m.KV_AGENT_PREFIX, m.KV_JOB_PREFIX) == "
-                 "(_agents.NAMESPACE, _agents.KV_PREFIX, _agents.KV_JOB_PREFIX))")
-    assert out == ["True"]
+def test_the_kv_names_and_records_are_rayfabrics():
+    """The hook reads and writes rayfabric's KV records with the library's rayfabric/_kv.py, loaded
+    on its own before the package is imported (nothing of it imported), the library's own after."""
+    out, _ = run("import sys, ray\n"
+                 "kv = m._kv()\n"
+                 "print(kv.__file__.endswith('/rayfabric/_kv.py'), 'rayfabric' in sys.modules, m._kv() is kv, "
+                 "kv.parse_record('{not json') is None, kv.parse_record('[1]') is None, kv.parse_record('{\"a\": 1}'))\n"
+                 "from rayfabric import _records\n"
+                 "print((kv.NAMESPACE, kv.KV_PREFIX, kv.KV_JOB_PREFIX) == "
+                 "(_records.NAMESPACE, _records.KV_PREFIX, _records.KV_JOB_PREFIX), m._kv() is sys.modules['rayfabric._kv'])")
+    assert out == ["True", "False", "True", "True", "True", "{'a':", "1}", "True", "True"]
 
 
 def test_a_pth_whose_module_is_missing_says_nothing():

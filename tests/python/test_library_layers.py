@@ -3,7 +3,9 @@ included), never the programs, and the standard-library-only ones stay so. Read 
 (every import statement, at module level or inside a function).
 
 Modules are named as inside the package: "api", "_agents", "bench.objects", "tools.doctor"; a
-package's __init__ by its own name ("__init__" for rayfabric's, "bench", "tools")."""
+package's __init__ by its own name ("__init__" for rayfabric's, "bench", "tools"). The start-up hook
+beside the package (python/_rayfabric_autoload.py, run by site-packages' .pth in every process) is
+read too: it imports the package, never the other way."""
 import ast
 import sys
 from pathlib import Path
@@ -16,6 +18,12 @@ PROGRAM_PACKAGES = ("bench", "tools")
 # Imported by the start-up hook, the doctor run as a script, or at the package's import before
 # anything else: the standard library only.
 STDLIB_ONLY = {"settings", "launch_env", "_paths"}
+# The start-up hook, outside the package; it loads FILE_LOADED_BY_THE_HOOK on its own (without the
+# package's __init__, which imports the whole library): the standard library at its import, Ray
+# only inside its functions, nothing else of rayfabric.
+HOOK = ROOT / "python" / "_rayfabric_autoload.py"
+HOOK_NAME = HOOK.stem
+FILE_LOADED_BY_THE_HOOK = "_kv"
 
 
 def _name(path):
@@ -44,13 +52,16 @@ def _resolve(dotted):
     return ".".join(parts) or "__init__"
 
 
-def imports_of(module):
-    """(rayfabric modules, other top-level packages) that `module` imports anywhere in it."""
-    tree = ast.parse(FILES[module].read_text())
-    is_pkg = FILES[module].name == "__init__.py"
-    here = [] if module == "__init__" else module.split(".")
+def imports_of(module, module_level_only=False):
+    """(rayfabric modules, other top-level packages) that `module` imports anywhere in it (or at
+    its module level only: the statements run at its import, outside functions and classes).
+    HOOK_NAME: the start-up hook's."""
+    path = HOOK if module == HOOK_NAME else FILES[module]
+    tree = ast.parse(path.read_text())
+    is_pkg = path.name == "__init__.py"
+    here = [] if module in ("__init__", HOOK_NAME) else module.split(".")
     ours, others = set(), set()
-    for node in ast.walk(tree):
+    for node in (_module_level(tree) if module_level_only else ast.walk(tree)):
         if isinstance(node, ast.ImportFrom):
             if node.level:  # relative: from the module's own package, up level - 1
                 base = here if is_pkg else here[:-1]
@@ -76,6 +87,33 @@ def imports_of(module):
     return ours, others
 
 
+def _module_level(tree):
+    """The nodes of `tree` outside its functions and classes (what runs at the module's import)."""
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def _no_cycle(graph):
+    state = {}
+
+    def visit(m, path):
+        state[m] = "open"
+        for d in sorted(graph[m]):
+            if state.get(d) == "open":
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(d):] + [d]))
+            if d not in state:
+                visit(d, path + [d])
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+
+
 def test_the_programs_are_where_the_layout_says():
     assert {"bench.objects", "bench.args", "bench.broadcast", "bench.link", "bench.rails", "bench.tensors",
             "tools.doctor", "tools.netns", "tools.hugepages", "tools.demo"} <= PROGRAMS
@@ -93,21 +131,35 @@ def test_imports_are_read_as_modules():
 
 
 def test_no_import_cycle_in_the_library():
-    graph = {m: imports_of(m)[0] & LIBRARY for m in LIBRARY}
-    state = {}
+    _no_cycle({m: imports_of(m)[0] & LIBRARY for m in LIBRARY})
 
-    def visit(m, path):
-        state[m] = "open"
-        for d in sorted(graph[m]):
-            if state.get(d) == "open":
-                raise AssertionError("import cycle: " + " -> ".join(path[path.index(d):] + [d]))
-            if d not in state:
-                visit(d, path + [d])
-        state[m] = "done"
 
-    for m in sorted(graph):
-        if m not in state:
-            visit(m, [m])
+def test_the_package_never_imports_the_start_up_hook():
+    """The hook is beside the package, not of it: whatever the package shares with it lives in the
+    package (rayfabric._kv), so that imports run one way, from the hook into the package."""
+    assert not [m for m in sorted(MODULES) if HOOK_NAME in imports_of(m)[1]]
+
+
+def test_no_import_cycle_through_the_start_up_hook():
+    graph = {m: imports_of(m)[0] | ({HOOK_NAME} & imports_of(m)[1]) for m in MODULES}
+    graph[HOOK_NAME] = imports_of(HOOK_NAME)[0]
+    assert graph[HOOK_NAME] >= {"transparent", "waits"}  # (read: it turns transparent mode on)
+    _no_cycle(graph)
+
+
+def test_the_start_up_hook_costs_nothing_at_its_import():
+    """Run by the .pth in every process: at its import the standard library only, no Ray, nothing
+    of rayfabric (that waits for `import ray` and the hook's functions); the file of the package it
+    loads on its own, without the package's __init__, is the standard library only at its import,
+    imports nothing of rayfabric anywhere, and Ray inside its functions."""
+    stdlib = set(sys.stdlib_module_names)
+    ours, others = imports_of(HOOK_NAME, module_level_only=True)
+    assert not ours and others <= stdlib, (ours, others - stdlib)
+    assert f'"{FILE_LOADED_BY_THE_HOOK}.py"' in HOOK.read_text()
+    ours, others = imports_of(FILE_LOADED_BY_THE_HOOK, module_level_only=True)
+    assert not ours and others <= stdlib, (ours, others - stdlib)
+    ours, others = imports_of(FILE_LOADED_BY_THE_HOOK)
+    assert not ours and others <= stdlib | {"ray"}, (ours, others - stdlib)
 
 
 def test_the_library_imports_no_program():

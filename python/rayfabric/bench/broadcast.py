@@ -21,7 +21,6 @@ the sha256 of every copy; at 2 Gb/s a broadcast takes seconds, so the nodes' idl
 is in these too), and for the tree the sources each round used. --quick: 4 nodes, 32 MiB, one repetition (the CI form)."""
 import argparse
 import json
-import os
 import signal
 import statistics
 import sys
@@ -103,37 +102,26 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="rayfabric bench broadcast", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, default=4, help="Ray nodes, the source included (2..8)")
-    p.add_argument("--link", default="2gbit", help="tc rate of every node's link (e.g. 1gbit, 2gbit)")
-    p.add_argument("--size-mib", type=int, default=256)
-    p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--quick", action="store_true", help="4 nodes, 32 MiB, one repetition")
-    p.add_argument("--json", help="write the rows here")
+    netns.add_shaped_bench_options(p, "2gbit", "tc rate of every node's link (e.g. 1gbit, 2gbit)", reps=2,
+                                   quick_help="4 nodes, 32 MiB, one repetition")
     a = p.parse_args(argv)
     if a.quick:
         a.nodes, a.size_mib, a.reps = 4, 32, 1
-    why = netns.NetnsStar.available()
-    if why:
-        print(f"rayfabric bench broadcast: cannot run here: {why}")
-        return 77  # "skipped" to meson
+    skipped = netns.cannot_run(netns.NetnsStar, "rayfabric bench broadcast")
+    if skipped:
+        return skipped
     nbytes = a.size_mib * MiB
     link_bits = netns.rate_bits(a.link)
     star = netns.NetnsStar(nodes=a.nodes, store_bytes=max(300 * MiB, 3 * nbytes))
-    extra = {k: os.environ[k] for k in ("PYTHONPATH", "RAYFABRIC_BIN_DIR") if k in os.environ}
     print(f"rayfabric bench broadcast: {a.nodes} nodes in network namespaces, each on a {a.link} link to a "
           f"switch; one {a.size_mib} MiB object from node 0 to the {a.nodes - 1} others, {a.reps} repetitions "
           f"(+1 warm-up)", flush=True)
     # A test runner's SIGTERM (its timeout) must still tear the namespaces and Ray nodes down.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        star.start()
-        star.shape(a.link)
-        out = star.run_driver(DRIVER, json.dumps({"bytes": nbytes, "reps": a.reps, "paths": PATHS,
-                                                  "nodes": a.nodes,
-                                                  "namespaces": [star.ns(i) for i in range(a.nodes)]}),
-                              extra_env=extra, timeout=540 if a.quick else 3000)
-    finally:
-        star.stop()
-    rows = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[len("RESULT "):])
+    rows = netns.run_driver_shaped(star, a.link, DRIVER, {"bytes": nbytes, "reps": a.reps, "paths": PATHS,
+                                                          "nodes": a.nodes,
+                                                          "namespaces": [star.ns(i) for i in range(a.nodes)]},
+                                   timeout=540 if a.quick else 3000)
     bad = [r for r in rows if not r["ok"]]
     delivered = (a.nodes - 1) * nbytes * 8
     delivered_gb = delivered / 8e9

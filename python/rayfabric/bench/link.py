@@ -304,10 +304,9 @@ def main(argv=None):
         p.error(f"--sizes {a.sizes!r}: give at least one size above zero (e.g. 64M,512M)")
     if a.reps < 1:
         p.error("--reps: at least 1")
-    why = netns.NetnsPair.available()
-    if why:
-        print(f"rayfabric bench link: cannot run here: {why}")
-        return 77  # "skipped" to meson
+    skipped = netns.cannot_run(netns.NetnsPair, "rayfabric bench link")
+    if skipped:
+        return skipped
     if a.congestion:
         why_not = congestion_refusal(a.congestion)
         if why_not:

@@ -856,6 +856,15 @@ def plots(doc, outdir, log):
     os.makedirs(outdir, exist_ok=True)
     rows, results, ceilings = doc["rows"], doc["results"], doc["ceilings"]
     files = []
+
+    def save(fig, name):
+        """`fig` laid out and written to outdir/name, closed, and listed in what plots() returns."""
+        fig.tight_layout()
+        f = os.path.join(outdir, name)
+        fig.savefig(f, dpi=110)
+        plt.close(fig)
+        files.append(f)
+
     single = [r for r in rows if r["case"] == "single"]
     one_object = [r for r in rows if r["case"] in ("single", "owned")]
     kinds = list(dict.fromkeys(r["kind"] for r in one_object))
@@ -890,11 +899,7 @@ def plots(doc, outdir, log):
             ax.set_title(f"one {kind} object, node to node")
             ax.grid(True, alpha=0.3, which="both")
             ax.legend(fontsize=7, loc="lower right")
-        fig.tight_layout()
-        f = os.path.join(outdir, "bench_throughput.png")
-        fig.savefig(f, dpi=110)
-        plt.close(fig)
-        files.append(f)
+        save(fig, "bench_throughput.png")
 
         fig, axes = plt.subplots(1, len(kinds), figsize=(6 * len(kinds), 4.5), squeeze=False)
         for ax, kind in zip(axes[0], kinds):
@@ -919,11 +924,7 @@ def plots(doc, outdir, log):
             ax.set_title(f"one {kind} object: get latency")
             ax.grid(True, alpha=0.3, which="both")
             ax.legend(fontsize=7)
-        fig.tight_layout()
-        f = os.path.join(outdir, "bench_latency.png")
-        fig.savefig(f, dpi=110)
-        plt.close(fig)
-        files.append(f)
+        save(fig, "bench_latency.png")
     other = [r for r in rows if r["case"] not in ("single", "owned")]
     if other:
         labels = list(dict.fromkeys(f"{r['case']}\n{object_label(r)}" for r in other))
@@ -942,11 +943,7 @@ def plots(doc, outdir, log):
         ax.set_title("many objects, fan-out, fan-in")
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        f = os.path.join(outdir, "bench_cases.png")
-        fig.savefig(f, dpi=110)
-        plt.close(fig)
-        files.append(f)
+        save(fig, "bench_cases.png")
     return files
 
 

@@ -64,18 +64,14 @@ print("RESULT " + json.dumps(rows))
 def main(argv=None):
     p = argparse.ArgumentParser(prog="rayfabric bench rails", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--link", default="1gbit", help="tc rate of each link (e.g. 500mbit, 1gbit, 2gbit)")
-    p.add_argument("--size-mib", type=int, default=256)
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="64 MiB, 1 repetition, 2gbit links")
-    p.add_argument("--json", help="write the rows here")
+    netns.add_shaped_bench_options(p, "1gbit", "tc rate of each link (e.g. 500mbit, 1gbit, 2gbit)", reps=3,
+                                   quick_help="64 MiB, 1 repetition, 2gbit links")
     a = p.parse_args(argv)
     if a.quick:
         a.size_mib, a.reps, a.link = 64, 1, "2gbit"
-    why = netns.NetnsPair.available()
-    if why:
-        print(f"rayfabric bench rails: cannot run here: {why}")
-        return 77  # "skipped" to meson
+    skipped = netns.cannot_run(netns.NetnsPair, "rayfabric bench rails")
+    if skipped:
+        return skipped
     nbytes = a.size_mib * MiB
     link_bits = netns.rate_bits(a.link)
     cfg = {"bytes": nbytes, "reps": a.reps, "devices": ["rfa0", "rfa1"],
@@ -84,18 +80,10 @@ def main(argv=None):
                                                  "nB": {"RAYFABRIC_DOMAIN": "rfb0"}}],
                      ["rayfabric 2 rails", "rf", {"nA": {"RAYFABRIC_DOMAIN": "rfa0,rfa1"},
                                                   "nB": {"RAYFABRIC_DOMAIN": "rfb0,rfb1"}}]]}
-    import os
-    extra = {k: os.environ[k] for k in ("PYTHONPATH", "RAYFABRIC_BIN_DIR") if k in os.environ}
     pair = netns.NetnsPair(links=2, store_bytes=max(300 * MiB, 4 * nbytes))
     print(f"rayfabric bench rails: 2 nodes in network namespaces, 2 links of {a.link} each, "
           f"{a.size_mib} MiB objects, {a.reps} repetitions (+1 warm-up)", flush=True)
-    try:
-        pair.start()
-        pair.shape(a.link)
-        out = pair.run_driver(DRIVER, json.dumps(cfg), extra_env=extra, timeout=1800)
-    finally:
-        pair.stop()
-    rows = json.loads(next(l for l in out.splitlines() if l.startswith("RESULT "))[len("RESULT "):])
+    rows = netns.run_driver_shaped(pair, a.link, DRIVER, cfg, timeout=1800)
     bad = [r for r in rows if not r["ok"] or (r["path"] != "ray" and r["pulled"] != 1)]
     print(f"\n{'path':18s} {'median s':>9s} {'Gb/s':>7s} {'% of 1 link':>12s} {'vs ray':>7s} "
           f"{'rx rfa0 MiB':>12s} {'rx rfa1 MiB':>12s}")

@@ -37,7 +37,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 SYSFS_IB = "/sys/class/infiniband"
 RDMA_PROVIDERS = ("verbs", "efa")          # providers that move bytes by real RDMA
@@ -218,23 +218,33 @@ def check_uverbs(devices: list[Device] | None, dev_dir: str | os.PathLike[str] =
                     "(docker --device=/dev/infiniband, Kubernetes RDMA device plugin)")]
 
 
-def check_rxe_universe(devices: list[Device] | None, env: Mapping[str, str]) -> list[Finding]:
-    """Soft-RoCE: verbs;ofi_rxm RDM endpoints fail at fi_enable with FI_UNIVERSE_SIZE 256."""
+def _soft_roce_setting_above(devices: list[Device] | None, env: Mapping[str, str], name: str,
+                             parse: Callable[[str], int], default: tuple[int, str], most: int, code: str,
+                             why: str, fix: str) -> list[Finding]:
+    """A WARNING `code` where there is a Soft-RoCE device and setting `name` in `env` (parse(text);
+    `default`, its value and how it is written, where unset or unreadable) is above `most`: `why`
+    it matters, `fix` what to do."""
     soft = [d.name for d in devices or [] if d.is_soft]
     if not soft:
         return []
-    raw = env.get("FI_UNIVERSE_SIZE", "")
+    raw = env.get(name, "")
     try:
-        size = int(raw) if raw else 256
+        value = parse(raw) if raw else default[0]
     except ValueError:
-        size = 256
-    if size <= RXE_UNIVERSE_MAX:
+        value = default[0]
+    if value <= most:
         return []
-    return [Finding(WARNING, "rxe-universe-size",
-                    f"Soft-RoCE device(s) {', '.join(soft)} with FI_UNIVERSE_SIZE={raw or 'unset (256)'}: "
-                    "verbs;ofi_rxm RDM endpoints fail at fi_enable ('Unable to create verbs CQ'): rxm sizes its "
-                    "CQ beyond rxe's max_cqe (32767)",
-                    f"export FI_UNIVERSE_SIZE={RXE_UNIVERSE_MAX}")]
+    return [Finding(WARNING, code,
+                    f"Soft-RoCE device(s) {', '.join(soft)} with {name}={raw or f'unset ({default[1]})'}: {why}", fix)]
+
+
+def check_rxe_universe(devices: list[Device] | None, env: Mapping[str, str]) -> list[Finding]:
+    """Soft-RoCE: verbs;ofi_rxm RDM endpoints fail at fi_enable with FI_UNIVERSE_SIZE 256."""
+    return _soft_roce_setting_above(
+        devices, env, "FI_UNIVERSE_SIZE", int, (256, "256"), RXE_UNIVERSE_MAX, "rxe-universe-size",
+        "verbs;ofi_rxm RDM endpoints fail at fi_enable ('Unable to create verbs CQ'): rxm sizes its "
+        "CQ beyond rxe's max_cqe (32767)",
+        f"export FI_UNIVERSE_SIZE={RXE_UNIVERSE_MAX}")
 
 
 RXE_CHUNK_MAX = 256 << 10                  # measured: rxe RDMA READs of >= 1 MiB stall
@@ -242,21 +252,11 @@ RXE_CHUNK_MAX = 256 << 10                  # measured: rxe RDMA READs of >= 1 Mi
 
 def check_rxe_chunk(devices: list[Device] | None, env: Mapping[str, str]) -> list[Finding]:
     """Soft-RoCE: RDMA READs of >= 1 MiB stall (completer retries); rayfabric reads 4 MiB chunks by default."""
-    soft = [d.name for d in devices or [] if d.is_soft]
-    if not soft:
-        return []
-    raw = env.get("RAYFABRIC_CHUNK_SIZE", "")
-    try:
-        chunk = parse_size(raw) if raw else 4 << 20
-    except ValueError:
-        chunk = 4 << 20
-    if chunk <= RXE_CHUNK_MAX:
-        return []
-    return [Finding(WARNING, "rxe-chunk-size",
-                    f"Soft-RoCE device(s) {', '.join(soft)} with RAYFABRIC_CHUNK_SIZE={raw or 'unset (4M)'}: rxe "
-                    "stalls on RDMA READs of >= 1 MiB (ib_read_bw -s 1M never completes; rayfabric reads crawl at "
-                    "~0.45 MB/s and time out), 256 KiB reads run at ~11 MB/s",
-                    "export RAYFABRIC_CHUNK_SIZE=256K")]
+    return _soft_roce_setting_above(
+        devices, env, "RAYFABRIC_CHUNK_SIZE", parse_size, (4 << 20, "4M"), RXE_CHUNK_MAX, "rxe-chunk-size",
+        "rxe stalls on RDMA READs of >= 1 MiB (ib_read_bw -s 1M never completes; rayfabric reads crawl at "
+        "~0.45 MB/s and time out), 256 KiB reads run at ~11 MB/s",
+        "export RAYFABRIC_CHUNK_SIZE=256K")
 
 
 # ----------------------------------------------------------------------------- libfabric

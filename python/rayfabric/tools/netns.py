@@ -4,7 +4,8 @@ link, with addresses from documentation ranges (never the host's own networks). 
 carries Ray (the nodes' IPs); the others are further interfaces (rails, or a side network). Links
 can be shaped with `tc` to a rate, so that the wire, not this host's CPU, is the bottleneck.
 
-Used by the tests (tests/agent/test_netns_interface.py) and `rayfabric bench rails`. Needs root
+Used by the tests (tests/agent/test_netns_interface.py) and `rayfabric bench rails`, `link`,
+`broadcast`. Needs root
 and iproute2; `NetnsPair.available()` says why not otherwise. Namespaces do not isolate PIDs:
 Ray's processes are stopped by the namespaces' own PID lists, never by `ray stop`."""
 import json
@@ -324,6 +325,41 @@ class NetnsPair(_RayNodes):
     def stop(self):
         teardown()
         self._remove_temp()
+
+
+def cannot_run(layout, prog):
+    """77 (meson's "skipped") where `layout` (NetnsPair, NetnsStar) cannot be set up here, having
+    said why as `prog`; else None."""
+    why = layout.available()
+    if why:
+        print(f"{prog}: cannot run here: {why}")
+        return 77
+    return None
+
+
+def add_shaped_bench_options(p, link, link_help, reps, quick_help):
+    """A benchmark's options on shaped links, to argparse parser `p`: --link (a tc rate, default
+    `link`), --size-mib, --reps (default `reps`), --quick, --json."""
+    p.add_argument("--link", default=link, help=link_help)
+    p.add_argument("--size-mib", type=int, default=256)
+    p.add_argument("--reps", type=int, default=reps)
+    p.add_argument("--quick", action="store_true", help=quick_help)
+    p.add_argument("--json", help="write the rows here")
+
+
+def run_driver_shaped(layout, rate, code, cfg, timeout):
+    """A benchmark's run on a namespaced cluster: `layout` (a NetnsPair or NetnsStar, not started)
+    started, its links shaped to `rate`, the driver `code` run in its head's namespace with `cfg`
+    (as JSON) and this process's PYTHONPATH and RAYFABRIC_BIN_DIR, the layout torn down however
+    that ends. Returns the rows the driver printed on its `RESULT ` line."""
+    extra = {k: os.environ[k] for k in ("PYTHONPATH", "RAYFABRIC_BIN_DIR") if k in os.environ}
+    try:
+        layout.start()
+        layout.shape(rate)
+        out = layout.run_driver(code, json.dumps(cfg), extra_env=extra, timeout=timeout)
+    finally:
+        layout.stop()
+    return json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[len("RESULT "):])
 
 
 def rate_bits(rate):
