@@ -50,10 +50,14 @@ Result<std::unique_ptr<Agent>> Agent::Open(AgentOptions options, AgentSeams seam
                            std::to_string(serve_store->memory_capacity()) +
                            " bytes): give a size (e.g. 8G) or a larger share");
   }
-  RF_ASSIGN_OR_RETURN(fabric::EngineSettings engine,
-                      fabric::EngineSettings::FromConfig(options.config));
-  engine.reset_undrained_endpoints = seams.reset_undrained_endpoints;
-  RF_ASSIGN_OR_RETURN(auto fabrics, NodeFabrics::Open(options.config, engine, options.listen_host));
+  NodeFabrics::Options open;
+  RF_ASSIGN_OR_RETURN(open.engine, fabric::EngineSettings::FromConfig(options.config));
+  open.engine.reset_undrained_endpoints = seams.reset_undrained_endpoints;
+  open.listen_host = options.listen_host;
+  open.exposure = options.config.GetString("exposure");
+  open.allow_unprotected = options.config.GetBool("allow_unprotected_memory").value();
+  open.stripe_min = options.config.GetBytes("stripe_min").value();
+  RF_ASSIGN_OR_RETURN(auto fabrics, NodeFabrics::Open(open));
   return std::unique_ptr<Agent>(new Agent(std::move(options), std::move(seams),
                                           std::move(serve_store), std::move(pull_store),
                                           std::move(fabrics), max_lease_bytes_per_peer));

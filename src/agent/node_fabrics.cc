@@ -8,15 +8,12 @@ v1::Exposure WireExposure(Exposure exposure) {
   return exposure == Exposure::kObject ? v1::EXPOSURE_OBJECT : v1::EXPOSURE_ARENA;
 }
 
-Result<std::unique_ptr<NodeFabrics>> NodeFabrics::Open(const Config& config,
-                                                       const fabric::EngineSettings& engine,
-                                                       const std::string& listen_host) {
-  RF_ASSIGN_OR_RETURN(bool allow_unprotected, config.GetBool("allow_unprotected_memory"));
-  const std::string exposure = config.GetString("exposure");
+Result<std::unique_ptr<NodeFabrics>> NodeFabrics::Open(const Options& options) {
+  const bool allow_unprotected = options.allow_unprotected;
+  const std::string& exposure = options.exposure;
   fabric::EngineOptions engine_options;
-  engine_options.preferred_ip = listen_host;
-  RF_ASSIGN_OR_RETURN(uint64_t stripe_min, config.GetBytes("stripe_min"));
-  RF_ASSIGN_OR_RETURN(auto engines, fabric::Engine::OpenAll(engine, engine_options));
+  engine_options.preferred_ip = options.listen_host;
+  RF_ASSIGN_OR_RETURN(auto engines, fabric::Engine::OpenAll(options.engine, engine_options));
   std::vector<Fabric> fabrics;
   for (auto& engine : engines) {
     const fabric::ProviderProfile& profile = engine->profile();
@@ -59,7 +56,7 @@ Result<std::unique_ptr<NodeFabrics>> NodeFabrics::Open(const Config& config,
     fab.segments.emplace_back();
     fabrics.push_back(std::move(fab));
   }
-  return std::make_unique<NodeFabrics>(std::move(fabrics), stripe_min);
+  return std::make_unique<NodeFabrics>(std::move(fabrics), options.stripe_min);
 }
 
 Fabric* NodeFabrics::For(const std::string& provider) {

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "agent.pb.h"
-#include "rayfabric/config.h"
 #include "rayfabric/fabric.h"
 #include "rayfabric/status.h"
 
@@ -43,11 +42,15 @@ class NodeFabrics {
  public:
   // Opens one engine per fabric (and rail) the configuration allows on this node, each fabric's
   // exposure decided from its provider's profile. Refused (PermissionDenied) where a provider
-  // does not enforce registration access and allow_unprotected_memory is off. `engine`: the
-  // engines' settings (read from `config` by the agent).
-  static Result<std::unique_ptr<NodeFabrics>> Open(const Config& config,
-                                                   const fabric::EngineSettings& engine,
-                                                   const std::string& listen_host);
+  // does not enforce registration access and allow_unprotected_memory is off.
+  struct Options {
+    fabric::EngineSettings engine;
+    std::string listen_host;  // the node's IP: each provider's domain holding it is chosen
+    std::string exposure;     // config exposure: "object", "arena" or "auto" (from the provider)
+    bool allow_unprotected = false;  // config allow_unprotected_memory
+    uint64_t stripe_min = 0;         // config stripe_min
+  };
+  static Result<std::unique_ptr<NodeFabrics>> Open(const Options& options);
   NodeFabrics(std::vector<Fabric> fabrics, uint64_t stripe_min)
       : fabrics_(std::move(fabrics)), stripe_min_(stripe_min) {}
   NodeFabrics(const NodeFabrics&) = delete;
