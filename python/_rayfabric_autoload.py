@@ -82,7 +82,10 @@ def _kv():
         paths = [os.path.join(d, "_kv.py") for d in (package and package.submodule_search_locations) or ()]
         path = next((p for p in paths if os.path.isfile(p)), None)
         if path is None:
-            raise ModuleNotFoundError("no rayfabric package (rayfabric/_kv.py) beside the start-up hook")
+            raise ModuleNotFoundError(
+                "rayfabric's start-up hook is installed but its package is not importable here (no "
+                "rayfabric/_kv.py on sys.path): reinstall rayfabric in this environment, or remove "
+                "rayfabric-autoload.pth from site-packages")
         spec = importlib.util.spec_from_file_location("_rayfabric_autoload_kv", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

@@ -139,7 +139,8 @@ struct EngineOptions {
 // The engine's settings, typed. FromConfig reads them from the configuration table (provider,
 // domain, require_rdma, max_rails, chunk_size, max_inflight, op_timeout_ms, drain_timeout_ms,
 // max_registration, progress_spin_us) after validating the whole table once; the engine and the
-// provider selection read nothing else.
+// provider selection read nothing else of the table (FI_PROVIDER, libfabric's own, still limits
+// what fi_info offers). Settings made by hand are checked for what the engine needs (Check).
 struct EngineSettings {
   std::vector<std::string> providers;  // empty: rank what fi_info offers
   std::vector<std::string> domains;    // empty: the domain holding the node's IP, and so on
@@ -158,6 +159,9 @@ struct EngineSettings {
   bool reset_undrained_endpoints = true;
 
   static Result<EngineSettings> FromConfig(const Config& config);
+  // InvalidArgument naming the first field the engine cannot work with (a zero chunk size,
+  // operation count or timeout, a registration under a page, no rail); run by every selection.
+  Status Check() const;
 };
 
 // Ranks what fi_info offers for RDM endpoints with RMA and picks the fabrics to open (config:

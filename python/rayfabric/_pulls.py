@@ -38,12 +38,24 @@ PULL_TIMEOUT_S = settings.get("pull_timeout_s")
 # in its record (the raylet that stored it says where a moment after the task's reply: 0.15-3.8 ms
 # measured, in ~2% of gets). Reading the own record costs no round trip.
 OWN_LOCATION_WAIT_S = 0.05
-# Ray keeps objects up to this size in their owner's memory instead of a store (its own
-# max_direct_call_object_size: 100 KiB unless RAY_max_direct_call_object_size says otherwise). A
-# larger one in no store is a skip worth telling an operator about (NO_LOCATION).
-_MAX_INLINED_BYTES = int(os.environ.get("RAY_max_direct_call_object_size", str(100 * 1024)))
-NO_LOCATION = ("no location known for the object: no store holds it by its owner's directory (its "
-               "node lost, or its owner not told yet where it is, e.g. after a link cut)")
+
+
+def _max_inlined_bytes():
+    """Ray keeps objects up to this size in their owner's memory instead of a store (its own
+    max_direct_call_object_size: 100 KiB unless RAY_max_direct_call_object_size says otherwise; a
+    cluster that raised it through ray.init(_system_config=...) alone is not seen here, and its
+    objects between the two sizes count as NO_LOCATION)."""
+    try:
+        return int(os.environ.get("RAY_max_direct_call_object_size", 100 * 1024))
+    except ValueError:
+        return 100 * 1024
+
+
+# A larger object in no store by its owner's directory is a skip an operator sees by reason.
+_MAX_INLINED_BYTES = _max_inlined_bytes()
+NO_LOCATION = ("no location known yet: the owner's directory lists no store holding the object (a "
+               "get a moment after it was made, before its store told the owner; or after a link cut "
+               "or a node's loss)")
 
 
 # Whether the locations of objects this process owns are read from its own reference counter.

@@ -25,9 +25,15 @@ ALL_TYPES = ("text", "list", "bool", "int", "bytes", "bytes_or_share", "choice",
 SIDES = ("agent", "python")
 JSON_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "settings.json")
 
+
+
+def _read_rows():
+    with open(JSON_PATH, encoding="utf-8") as f:
+        return tuple(json.load(f)["settings"])
+
+
 # Every row of settings.json, both sides, in its order (dicts as the file has them), read once.
-with open(JSON_PATH, encoding="utf-8") as _file:
-    ROWS = tuple(json.load(_file)["settings"])
+ROWS = _read_rows()
 TABLE = tuple(Setting(r["name"], r["env"], r["type"], r["default"], r["doc"],
                       tuple(tuple(c) for c in r.get("choices", ())))
               for r in ROWS if r["side"] == "python")

@@ -51,8 +51,8 @@ struct AgentSeams {
   StoreConnector connect_store;      // empty: the plasma store at AgentOptions::plasma_socket
   std::unique_ptr<PeerCalls> peers;  // null: gRPC, with AgentOptions::credentials
   // false: the engines never reset an endpoint to cut off a failed read's operations, as on a
-  // provider whose registrations are bound to the endpoint (FI_MR_ENDPOINT: efa, some verbs),
-  // none of which runs here; the replica such a read targets is then quarantined until the read
+  // provider whose registrations are bound to the endpoint (FI_MR_ENDPOINT in its mr_mode; none
+  // of those here has it); the replica such a read targets is then quarantined until the read
   // drains. For tests of that path.
   bool reset_undrained_endpoints = true;
 };

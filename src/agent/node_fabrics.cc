@@ -9,6 +9,7 @@ v1::Exposure WireExposure(Exposure exposure) {
 }
 
 Result<std::unique_ptr<NodeFabrics>> NodeFabrics::Open(const Options& options) {
+  if (options.stripe_min == 0) return InvalidArgument("stripe_min 0: a rail must move some bytes");
   const bool allow_unprotected = options.allow_unprotected;
   const std::string& exposure = options.exposure;
   fabric::EngineOptions engine_options;

@@ -259,6 +259,19 @@ Status Puller::CheckPullRequest(const v1::PullRequest& request) {
   return Status::OK();
 }
 
+namespace {
+
+// A lease reply that refused every object before choosing a fabric: the source speaks none of the
+// providers the request offered (LeaseServer: "no fabric in common").
+bool NoFabricInCommon(const v1::LeaseReply& reply) {
+  return reply.provider().empty() && reply.leases_size() > 0 &&
+         std::all_of(reply.leases().begin(), reply.leases().end(), [](const v1::Lease& lease) {
+           return lease.error_code() != v1::ERROR_CODE_NONE;
+         });
+}
+
+}  // namespace
+
 Clock::time_point Puller::OwnDeadline(const v1::PullRequest& request) const {
   const int64_t bound = request.timeout_ms() > 0 ? request.timeout_ms() : options_.op_timeout_ms;
   return Clock::now() + std::chrono::milliseconds(bound);
@@ -527,12 +540,41 @@ void Puller::MarkUnusable(const std::string& source, const std::string& provider
           : "for " +
                 std::to_string(
                     std::chrono::duration_cast<std::chrono::seconds>(kUnusableFor).count()) +
-                " s later pulls from that agent offer " + others + " instead (" + provider +
-                " again where none of them is shared)";
+                " s later pulls from that agent offer " + others + " first (" + provider +
+                " again where the agent shares none of them)";
   RF_LOG(kWarn, "reads from the agent at " << source << " over " << provider << " failed ("
                                            << why.message().substr(0, 200) << "): " << then);
   std::lock_guard<std::mutex> lock(links_mu_);
   unusable_[source][provider] = Clock::now() + kUnusableFor;
+}
+
+void Puller::ForgetUnusable(const std::string& source, const std::vector<std::string>& providers) {
+  std::lock_guard<std::mutex> lock(links_mu_);
+  auto it = unusable_.find(source);
+  if (it == unusable_.end()) return;
+  for (const std::string& provider : providers) it->second.erase(provider);
+}
+
+void Puller::OfferProviders(v1::LeaseRequest& request, const std::string& source,
+                            const std::set<std::string>& excluded, bool with_unusable,
+                            std::vector<std::string>& skipped) {
+  skipped.clear();
+  const std::set<std::string> unusable =
+      with_unusable ? std::set<std::string>{} : UnusableWith(source);
+  // (Unless that leaves none: the failure may have passed.)
+  const bool all_unusable =
+      std::all_of(fabrics_.all().begin(), fabrics_.all().end(), [&](const Fabric& fab) {
+        return excluded.count(fab.provider()) > 0 || unusable.count(fab.provider()) > 0;
+      });
+  for (const Fabric& fab : fabrics_.all()) {
+    if (excluded.count(fab.provider()) > 0) continue;
+    if (!all_unusable && unusable.count(fab.provider()) > 0) {
+      skipped.push_back(fab.provider());
+      continue;
+    }
+    request.add_reader_providers(fab.provider());
+    request.add_reader_rails(static_cast<uint32_t>(fab.rails.size()));
+  }
 }
 
 void Puller::PullFromSource(const std::string& source, std::vector<PullJob*>& jobs,
@@ -600,37 +642,40 @@ Puller::SourceLease Puller::LeaseFromSource(const std::string& source, const Sou
   request.set_ttl_ms(static_cast<uint32_t>(
       std::clamp<int64_t>(wanted.count(), 1, std::numeric_limits<uint32_t>::max())));
   for (PullJob* job : attempt.jobs) request.add_object_ids(job->id.Binary());
-  // Every provider of this node but those that failed in this Pull, and but those that failed
-  // with this source lately (unless that leaves none: the failure may have passed).
-  const std::set<std::string> unusable = UnusableWith(source);
-  const std::set<std::string>& excluded = attempt.excluded;
-  const bool all_unusable =
-      std::all_of(fabrics_.all().begin(), fabrics_.all().end(), [&](const Fabric& fab) {
-        return excluded.count(fab.provider()) > 0 || unusable.count(fab.provider()) > 0;
-      });
-  for (const Fabric& fab : fabrics_.all()) {
-    if (excluded.count(fab.provider()) > 0) continue;
-    if (!all_unusable && unusable.count(fab.provider()) > 0) continue;
-    request.add_reader_providers(fab.provider());
-    request.add_reader_rails(static_cast<uint32_t>(fab.rails.size()));
-  }
+  std::vector<std::string> skipped;
+  OfferProviders(request, source, attempt.excluded, false, skipped);
   SourceLease leased;
-  std::unique_ptr<PeerCall> call = peers_.NewCall();
-  // A lease to a source first starts every release still queued for it (release_queue.h).
-  releases_.StartQueuedTo(source);
-  // Earlier leases of this node's at the source not yet given back: a refusal for want of room may
-  // be theirs (asked again, once they are).
-  leased.releases_pending = releases_.PendingTo(source);
-  // Lease expiries are counted from before the request left: by our clock they end no later than
-  // by the source's.
-  leased.asked_at = Clock::now();
-  leased.status = AwaitPeerCall(
-      *call, [&bounds] { return bounds.Cancelled(); },
-      [&](PeerCalls::Done done) {
-        peers_.StartLease(*call, source, request, leased.reply,
-                          std::min(bounds.deadline, Clock::now() + kPeerRpcTimeout),
-                          std::move(done));
-      });
+  auto ask = [&] {
+    std::unique_ptr<PeerCall> call = peers_.NewCall();
+    // A lease to a source first starts every release still queued for it (release_queue.h).
+    releases_.StartQueuedTo(source);
+    // Earlier leases of this node's at the source not yet given back: a refusal for want of room
+    // may be theirs (asked again, once they are).
+    leased.releases_pending = releases_.PendingTo(source);
+    // Lease expiries are counted from before the request left: by our clock they end no later
+    // than by the source's.
+    leased.asked_at = Clock::now();
+    leased.status = AwaitPeerCall(
+        *call, [&bounds] { return bounds.Cancelled(); },
+        [&](PeerCalls::Done done) {
+          peers_.StartLease(*call, source, request, leased.reply,
+                            std::min(bounds.deadline, Clock::now() + kPeerRpcTimeout),
+                            std::move(done));
+        });
+  };
+  ask();
+  if (leased.status.ok() && !skipped.empty() && NoFabricInCommon(leased.reply)) {
+    // The source speaks none of the others: a provider that failed with it lately is all the pair
+    // has. Asked again with it, and no longer skipped with this source.
+    RF_LOG(kInfo, "the agent at " << source << " shares no other provider with this node: "
+                                  << skipped.front() << " offered again");
+    ForgetUnusable(source, skipped);
+    request.clear_reader_providers();
+    request.clear_reader_rails();
+    OfferProviders(request, source, attempt.excluded, true, skipped);
+    leased.reply.Clear();
+    ask();
+  }
   const Clock::time_point answered = PullPhaseTimes::Lap(phases.lease, leased.asked_at);
   // The source's word for its own part, believed no further than this round trip (NaN, negative
   // or too large from a broken or hostile source: counted as the whole round trip at most).

@@ -173,6 +173,13 @@ class Puller {
   // Providers whose reads from `source` failed lately (skipped until the time noted).
   std::set<std::string> UnusableWith(const std::string& source);
   void MarkUnusable(const std::string& source, const std::string& provider, const Status& why);
+  void ForgetUnusable(const std::string& source, const std::vector<std::string>& providers);
+  // The providers a lease request to `source` offers: this node's, but those tried in this Pull
+  // (`excluded`) and, unless `with_unusable`, those that failed with `source` lately (unless that
+  // leaves none). `skipped`: those left out for that alone.
+  void OfferProviders(v1::LeaseRequest& request, const std::string& source,
+                      const std::set<std::string>& excluded, bool with_unusable,
+                      std::vector<std::string>& skipped);
   // Ends a replica whose read did not succeed: aborted once nothing of the read can land any
   // more; if the engine could not drain it, kept unsealed (out of the store's reuse) until it
   // has, then aborted by the sweeper.

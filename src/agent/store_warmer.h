@@ -37,8 +37,9 @@ class StoreWarmer {
   StoreWarmer(Options options, std::function<bool()> busy);
   ~StoreWarmer();  // Stop()
   // The background thread ends (returns once it has) and `busy` is never asked again. Add,
-  // Remove and Populate go on working, as with background off: the warmer's owner stops it
-  // before what `busy` asks goes, and keeps it while others still call Populate.
+  // Remove and Populate go on working (segments and their mapped pages still remembered; nothing
+  // mapped in the background): the warmer's owner stops it before what `busy` asks goes, and
+  // keeps it while others still call Populate.
   void Stop();
   StoreWarmer(const StoreWarmer&) = delete;
   StoreWarmer& operator=(const StoreWarmer&) = delete;

@@ -397,7 +397,7 @@ namespace {
 // What the configuration asks of the selection.
 struct SelectionRequest {
   std::vector<std::string> wanted;  // RAYFABRIC_PROVIDER's list (empty: rayfabric chooses)
-  std::string want_domain;          // RAYFABRIC_DOMAIN as given
+  std::string want_domain;          // RAYFABRIC_DOMAIN's list, joined again (for messages)
   std::vector<std::string> want_domains;
   bool require_rdma = false;
   int64_t max_rails = 1;
@@ -448,6 +448,21 @@ Result<EngineSettings> EngineSettings::FromConfig(const Config& config) {
   s.max_registration = config.GetBytes("max_registration").value();
   s.progress_spin = std::chrono::microseconds(config.GetInt("progress_spin_us").value());
   return s;
+}
+
+Status EngineSettings::Check() const {
+  auto refuse = [](const std::string& what) {
+    return InvalidArgument("engine settings: " + what +
+                           " (made by hand? EngineSettings::FromConfig reads the table's)");
+  };
+  if (max_rails < 1) return refuse("max_rails " + std::to_string(max_rails) + " < 1");
+  if (chunk_size == 0) return refuse("chunk_size 0");
+  if (max_inflight == 0) return refuse("max_inflight 0");
+  if (op_timeout.count() <= 0) return refuse("op_timeout not positive");
+  if (drain_timeout.count() <= 0) return refuse("drain_timeout not positive");
+  if (max_registration < 4096) return refuse("max_registration under one page");
+  if (progress_spin.count() < 0) return refuse("progress_spin negative");
+  return Status::OK();
 }
 
 namespace {
@@ -742,6 +757,7 @@ std::vector<SelectedProvider> Assemble(const SelectionRequest& req,
 
 Result<std::vector<SelectedProvider>> SelectFabrics(const EngineSettings& settings,
                                                     const EngineOptions& options) {
+  RF_RETURN_IF_ERROR(settings.Check());
   const SelectionRequest req = RequestFrom(settings);
   std::vector<std::unique_ptr<struct fi_info, InfoDeleter>> lists;  // what the entries point into
   RF_ASSIGN_OR_RETURN(std::vector<Entry> entries, QueryEntries(req, options, lists));

@@ -5,6 +5,7 @@
 // a lease that expires, a refusal for room asked again, a lease call that fails or is answered
 // wrongly. GrpcPeerCalls, the real seam, is run against real gRPC peers that are no V3 agent.
 #include <arpa/inet.h>
+#include <errno.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -15,9 +16,11 @@
 #include <cstddef>
 #include <deque>
 #include <random>
+#include <set>
 
 #include "agent/agent.h"
 #include "agent_fakes.h"
+#include "rayfabric/log.h"
 
 namespace rayfabric::agent::testing {
 namespace {
@@ -100,7 +103,7 @@ class FreezableRelay {
     while (!stop_) {
       std::vector<pollfd> polled{{listen_fd_, POLLIN, 0}};
       if (!frozen_) {
-        for (int fd : fds_) polled.push_back({fd, POLLIN, 0});
+        for (int fd : open_) polled.push_back({fd, POLLIN, 0});
       }
       if (poll(polled.data(), polled.size(), 5) <= 0) continue;
       if (polled[0].revents & POLLIN) Accept();
@@ -125,17 +128,38 @@ class FreezableRelay {
     }
     fds_.push_back(in);
     fds_.push_back(out);
+    open_.insert(in);
+    open_.insert(out);
     peer_[in] = out;
     peer_[out] = in;
   }
+  // One read from `from`, written whole to its peer. An end or error on one side is passed on
+  // (the peer's sending half shut), so that whoever waits on the other side learns of it.
   void Pump(int from) {
     char buffer[64 << 10];
-    const ssize_t n = read(from, buffer, sizeof(buffer));
-    if (n <= 0) return;
-    for (ssize_t sent = 0; sent < n;) {
-      const ssize_t w = write(peer_[from], buffer + sent, static_cast<size_t>(n - sent));
-      if (w <= 0) return;
-      sent += w;
+    ssize_t n = 0;
+    do {
+      n = read(from, buffer, sizeof(buffer));
+    } while (n < 0 && errno == EINTR);
+    const int to = peer_[from];
+    if (n <= 0) {
+      shutdown(to, SHUT_WR);
+      open_.erase(from);
+      return;
+    }
+    for (ssize_t sent = 0; sent < n && !stop_;) {
+      const ssize_t w =
+          send(to, buffer + sent, static_cast<size_t>(n - sent), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w > 0) {
+        sent += w;
+      } else if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
+        pollfd writable{to, POLLOUT, 0};
+        poll(&writable, 1, 5);  // bounded: the destructor's stop_ is seen within 5 ms
+      } else {
+        shutdown(from, SHUT_RD);  // the peer is gone: so is this direction
+        open_.erase(from);
+        return;
+      }
     }
     relayed_ += static_cast<uint64_t>(n);
   }
@@ -144,7 +168,8 @@ class FreezableRelay {
   const int listen_fd_;
   std::mutex mu_;
   sockaddr_in upstream_{};
-  std::vector<int> fds_;  // the relay thread's alone
+  std::vector<int> fds_;  // the relay thread's alone: every socket (closed at the end)
+  std::set<int> open_;    // those still read from
   std::map<int, int> peer_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> frozen_{false};
@@ -160,6 +185,8 @@ struct Node {
 
 class AgentSeams : public ::testing::Test {
  protected:
+  // The log lines some cases read are warnings: shown whatever RAYFABRIC_LOG_LEVEL says.
+  void SetUp() override { SetLogLevel(LogLevel::kInfo); }
   // An agent named `name` (also its address and host) on a store of its own.
   // `reset_endpoints` false: its engines behave as where registrations are bound to the endpoint.
   Node& Start(const std::string& name, const std::map<std::string, std::string>& settings,
@@ -270,8 +297,7 @@ TEST_F(AgentSeams, FailsOverToTheNextProviderWhenReadsFail) {
   ::testing::internal::CaptureStderr();
   v1::PullReply reply = reader.agent->Pull(PullOf("source", {{Id(1), a.size()}}));
   const std::string log = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(log.find("later pulls from that agent offer sockets instead"), std::string::npos)
-      << log;
+  EXPECT_NE(log.find("later pulls from that agent offer sockets first"), std::string::npos) << log;
   ASSERT_EQ(reply.results_size(), 1);
   EXPECT_EQ(reply.results(0).outcome(), v1::PULLED) << reply.results(0).error();
   EXPECT_EQ(reply.results(0).provider(), "sockets");
@@ -289,6 +315,57 @@ TEST_F(AgentSeams, FailsOverToTheNextProviderWhenReadsFail) {
   EXPECT_TRUE(Eventually([&] {
     return source.store->Pins(Id(1)) == 0 && source.store->Pins(Id(2)) == 0;
   })) << "every lease, the failed attempt's too, is given back";
+}
+
+// A provider whose reads failed with a source is skipped with it for a while; where the source
+// shares no other provider with this node, the lease refused for that ("no fabric in common") is
+// asked again with it, and it is no longer skipped there: the pair is not left to Ray's path.
+TEST_F(AgentSeams, AFailedProviderThatIsThePairsOnlyOneIsOfferedAgain) {
+  Node& source = Start("source", {});  // tcp;ofi_rxm only
+  Node& reader = Start(
+      "reader",
+      {{"provider", "tcp;ofi_rxm,sockets"}, {"op_timeout_ms", "300"}, {"drain_timeout_ms", "200"}});
+  sockaddr_in closed{};
+  const int probe = BoundLoopbackSocket(closed);
+  ASSERT_GE(probe, 0);
+  close(probe);
+  network_->tamper_lease = [closed](const std::string&, v1::LeaseReply& reply) {
+    if (reply.provider() != "tcp;ofi_rxm") return;
+    std::string address = reply.fabric_address();
+    ASSERT_GE(address.size(), sizeof(sockaddr_in));
+    std::memcpy(address.data() + offsetof(sockaddr_in, sin_port), &closed.sin_port,
+                sizeof(closed.sin_port));
+    reply.set_fabric_address(address);
+  };
+  const std::string a = RandomBytes(1 << 20, 13);
+  const std::string b = RandomBytes(1 << 20, 14);
+  source.store->Put(Id(1), a);
+  source.store->Put(Id(2), b);
+
+  // tcp's reads fail; the failover offers sockets alone, which the source does not speak.
+  ::testing::internal::CaptureStderr();
+  v1::PullReply reply = reader.agent->Pull(PullOf("source", {{Id(1), a.size()}}));
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(reply.results(0).outcome(), v1::FAILED);
+  EXPECT_EQ(network_->leases_asked, 2);
+  EXPECT_NE(log.find("offer sockets first (tcp;ofi_rxm again where the agent shares none of them)"),
+            std::string::npos)
+      << log;
+
+  // The link works again: sockets is refused, tcp asked again at once and read over.
+  network_->tamper_lease = nullptr;
+  reply = reader.agent->Pull(PullOf("source", {{Id(2), b.size()}}));
+  ASSERT_EQ(reply.results_size(), 1);
+  EXPECT_EQ(reply.results(0).outcome(), v1::PULLED) << reply.results(0).error();
+  EXPECT_EQ(reply.results(0).provider(), "tcp;ofi_rxm");
+  EXPECT_TRUE(reader.store->Read(Id(2)) == b);
+  EXPECT_EQ(network_->leases_asked, 4) << "refused for no fabric in common, then asked with tcp";
+  // And from then on tcp is offered with that source from the start: one lease per Pull.
+  EXPECT_TRUE(Eventually([&] { return source.store->Pins(Id(1)) == 0; }));
+  reply = reader.agent->Pull(PullOf("source", {{Id(1), a.size()}}));
+  EXPECT_EQ(reply.results(0).outcome(), v1::PULLED) << reply.results(0).error();
+  EXPECT_EQ(network_->leases_asked, 5);
+  EXPECT_TRUE(reader.store->Read(Id(1)) == a);
 }
 
 // A lease ends at its TTL: the reader never seals bytes read past it, and the source unpins it by
@@ -345,7 +422,7 @@ TEST_F(AgentSeams, LeasesExpire) {
 // aborted. The link freezes for real: a relay stops passing the connection's bytes.
 TEST_F(AgentSeams, AnUndrainedReadsReplicaIsQuarantinedUntilItDrains) {
   Node& source = Start("source", {});
-  Node& reader = Start("reader", {{"op_timeout_ms", "200"}, {"drain_timeout_ms", "100"}},
+  Node& reader = Start("reader", {{"op_timeout_ms", "500"}, {"drain_timeout_ms", "100"}},
                        /*reset_endpoints=*/false);
   FreezableRelay relay;
   network_->tamper_lease = [&relay](const std::string&, v1::LeaseReply& reply) {
@@ -384,7 +461,7 @@ TEST_F(AgentSeams, AnUndrainedReadsReplicaIsQuarantinedUntilItDrains) {
   EXPECT_EQ(reply.results(0).error_code(), v1::ERROR_CODE_TIMED_OUT) << reply.results(0).error();
   EXPECT_NE(reply.results(0).error().find("still outstanding"), std::string::npos)
       << reply.results(0).error();
-  EXPECT_LT(Clock::now() - asked, std::chrono::seconds(3)) << "op and drain timeouts, no more";
+  EXPECT_LT(Clock::now() - asked, std::chrono::seconds(5)) << "op and drain timeouts, no more";
   EXPECT_EQ(CounterOf(reader.agent->GetStatus(), "replicas_quarantined"), 1u);
   // Kept created and unsealed (the store holds its memory), not aborted, through sweeps.
   std::this_thread::sleep_for(milliseconds(200));
@@ -395,11 +472,12 @@ TEST_F(AgentSeams, AnUndrainedReadsReplicaIsQuarantinedUntilItDrains) {
   // The link passes traffic again: the read's operations come back (done, or refused by the
   // source, whose lease is given back by now); the next sweep aborts the replica.
   relay.Thaw();
-  EXPECT_TRUE(Eventually([&] { return reader.store->Aborts() == 1; }, milliseconds(3000)))
+  EXPECT_TRUE(Eventually([&] { return reader.store->Aborts() == 1; }, milliseconds(5000)))
       << "the quarantined replica was not aborted once its read drained";
   EXPECT_FALSE(reader.store->Exists(Id(2)));
   EXPECT_TRUE(Eventually([&] { return source.store->Pins(Id(2)) == 0; }))
       << "the failed read's lease was not given back";
+  network_->tamper_lease = nullptr;  // (it names the relay, which goes first)
 }
 
 // A serving store connection that breaks is replaced at once; the old one, which holds the pins of

@@ -153,7 +153,6 @@ def test_only_this_nodes_processes_report(cluster):
     assert local.counters()["fallbacks"] - before["fallbacks"] == 41
 
 
-
 @ray.remote(num_cpus=0)
 def fetch_unlocated(refs):
     """fetch(), with Ray's directory answering for refs[0] as an owner not yet told where its object

@@ -58,6 +58,15 @@ TEST(EngineSettings, ReadTypedFromTheConfiguration) {
   auto engine = Engine::Open(c);
   ASSERT_FALSE(engine.ok()) << "an engine opened on a configuration its settings refuse";
   EXPECT_NE(engine.status().message().find("max_inflight"), std::string::npos) << engine.status();
+
+  // Settings made by hand reach the engine only with what it needs.
+  EngineSettings by_hand = *settings;
+  by_hand.chunk_size = 0;
+  auto zero = Engine::Open(by_hand);
+  ASSERT_FALSE(zero.ok());
+  EXPECT_EQ(zero.status().code(), StatusCode::kInvalidArgument) << zero.status();
+  EXPECT_NE(zero.status().message().find("chunk_size 0"), std::string::npos) << zero.status();
+  EXPECT_FALSE(SelectProvider(EngineSettings{}).ok()) << "zero settings must be refused";
 }
 
 TEST(ProviderSelection, EveryOfferedDomainCanBeRequestedByName) {
