@@ -664,6 +664,7 @@ Puller::SourceLease Puller::LeaseFromSource(const std::string& source, const Sou
         });
   };
   ask();
+  const Clock::time_point first_asked = leased.asked_at;  // the lease phase: both round trips
   if (leased.status.ok() && !skipped.empty() && NoFabricInCommon(leased.reply)) {
     // The source speaks none of the others: a provider that failed with it lately is all the pair
     // has. Asked again with it, and no longer skipped with this source.
@@ -676,7 +677,7 @@ Puller::SourceLease Puller::LeaseFromSource(const std::string& source, const Sou
     leased.reply.Clear();
     ask();
   }
-  const Clock::time_point answered = PullPhaseTimes::Lap(phases.lease, leased.asked_at);
+  const Clock::time_point answered = PullPhaseTimes::Lap(phases.lease, first_asked);
   // The source's word for its own part, believed no further than this round trip (NaN, negative
   // or too large from a broken or hostile source: counted as the whole round trip at most).
   if (leased.status.ok() && leased.reply.served_s() > 0) {

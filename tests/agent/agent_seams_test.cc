@@ -70,6 +70,26 @@ int BoundLoopbackSocket(sockaddr_in& addr) {
   return fd;
 }
 
+// The lease's fabric address (a sockaddr_in: tcp's) with its port replaced (network order).
+void ReplacePort(v1::LeaseReply& reply, uint16_t port) {
+  std::string address = reply.fabric_address();
+  ASSERT_GE(address.size(), sizeof(sockaddr_in));
+  std::memcpy(address.data() + offsetof(sockaddr_in, sin_port), &port, sizeof(port));
+  reply.set_fabric_address(address);
+}
+
+// Points every tcp lease at a loopback port nobody listens on (rxm retries a refused connection
+// until the read's progress timeout).
+std::function<void(const std::string&, v1::LeaseReply&)> TcpToAClosedPort() {
+  sockaddr_in closed{};
+  const int probe = BoundLoopbackSocket(closed);
+  EXPECT_GE(probe, 0);
+  if (probe >= 0) close(probe);
+  return [port = closed.sin_port](const std::string&, v1::LeaseReply& reply) {
+    if (reply.provider() == "tcp;ofi_rxm") ReplacePort(reply, port);
+  };
+}
+
 // A TCP relay on loopback between a reader and a source's fabric address (the lease's address
 // rewritten to the relay's), that can be frozen: while frozen it moves no byte either way, as a
 // link that stopped passing traffic; thawed, it delivers what waited.
@@ -276,19 +296,8 @@ TEST_F(AgentSeams, FailsOverToTheNextProviderWhenReadsFail) {
   Node& reader = Start(
       "reader",
       {{"provider", "tcp;ofi_rxm,sockets"}, {"op_timeout_ms", "300"}, {"drain_timeout_ms", "200"}});
-  // A port nobody listens on: the source's tcp address, as the reader is told it, leads nowhere.
-  sockaddr_in closed{};
-  const int probe = BoundLoopbackSocket(closed);
-  ASSERT_GE(probe, 0);
-  close(probe);
-  network_->tamper_lease = [closed](const std::string&, v1::LeaseReply& reply) {
-    if (reply.provider() != "tcp;ofi_rxm") return;
-    std::string address = reply.fabric_address();
-    ASSERT_GE(address.size(), sizeof(sockaddr_in));
-    std::memcpy(address.data() + offsetof(sockaddr_in, sin_port), &closed.sin_port,
-                sizeof(closed.sin_port));
-    reply.set_fabric_address(address);
-  };
+  // The source's tcp address, as the reader is told it, leads nowhere.
+  network_->tamper_lease = TcpToAClosedPort();
   const std::string a = RandomBytes(1 << 20, 2);
   const std::string b = RandomBytes(1 << 20, 3);
   source.store->Put(Id(1), a);
@@ -325,18 +334,7 @@ TEST_F(AgentSeams, AFailedProviderThatIsThePairsOnlyOneIsOfferedAgain) {
   Node& reader = Start(
       "reader",
       {{"provider", "tcp;ofi_rxm,sockets"}, {"op_timeout_ms", "300"}, {"drain_timeout_ms", "200"}});
-  sockaddr_in closed{};
-  const int probe = BoundLoopbackSocket(closed);
-  ASSERT_GE(probe, 0);
-  close(probe);
-  network_->tamper_lease = [closed](const std::string&, v1::LeaseReply& reply) {
-    if (reply.provider() != "tcp;ofi_rxm") return;
-    std::string address = reply.fabric_address();
-    ASSERT_GE(address.size(), sizeof(sockaddr_in));
-    std::memcpy(address.data() + offsetof(sockaddr_in, sin_port), &closed.sin_port,
-                sizeof(closed.sin_port));
-    reply.set_fabric_address(address);
-  };
+  network_->tamper_lease = TcpToAClosedPort();
   const std::string a = RandomBytes(1 << 20, 13);
   const std::string b = RandomBytes(1 << 20, 14);
   source.store->Put(Id(1), a);
@@ -426,14 +424,11 @@ TEST_F(AgentSeams, AnUndrainedReadsReplicaIsQuarantinedUntilItDrains) {
                        /*reset_endpoints=*/false);
   FreezableRelay relay;
   network_->tamper_lease = [&relay](const std::string&, v1::LeaseReply& reply) {
-    std::string address = reply.fabric_address();
-    ASSERT_GE(address.size(), sizeof(sockaddr_in));
+    ASSERT_GE(reply.fabric_address().size(), sizeof(sockaddr_in));
     sockaddr_in upstream{};
-    std::memcpy(&upstream, address.data(), sizeof(upstream));
+    std::memcpy(&upstream, reply.fabric_address().data(), sizeof(upstream));
     relay.SetUpstream(upstream);
-    const uint16_t port = relay.port();
-    std::memcpy(address.data() + offsetof(sockaddr_in, sin_port), &port, sizeof(port));
-    reply.set_fabric_address(address);
+    ReplacePort(reply, relay.port());
   };
   const std::string a = RandomBytes(1 << 20, 11);
   const std::string b = RandomBytes(1 << 20, 12);
