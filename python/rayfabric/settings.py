@@ -26,7 +26,6 @@ SIDES = ("agent", "python")
 JSON_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "settings.json")
 
 
-
 def _read_rows():
     with open(JSON_PATH, encoding="utf-8") as f:
         return tuple(json.load(f)["settings"])

@@ -10,15 +10,13 @@ v1::Exposure WireExposure(Exposure exposure) {
 
 Result<std::unique_ptr<NodeFabrics>> NodeFabrics::Open(const Options& options) {
   if (options.stripe_min == 0) return InvalidArgument("stripe_min 0: a rail must move some bytes");
-  const bool allow_unprotected = options.allow_unprotected;
-  const std::string& exposure = options.exposure;
   fabric::EngineOptions engine_options;
   engine_options.preferred_ip = options.listen_host;
   RF_ASSIGN_OR_RETURN(auto engines, fabric::Engine::OpenAll(options.engine, engine_options));
   std::vector<Fabric> fabrics;
   for (auto& engine : engines) {
     const fabric::ProviderProfile& profile = engine->profile();
-    if (!profile.enforces_access && !allow_unprotected) {
+    if (!profile.enforces_access && !options.allow_unprotected) {
       return PermissionDenied(
           "provider " + profile.provider + " does not enforce registration access (" +
           profile.access_note +
@@ -42,8 +40,9 @@ Result<std::unique_ptr<NodeFabrics>> NodeFabrics::Open(const Options& options) {
     }
     // What a lease exposes: by default, what a registration costs on this provider decides.
     Fabric fab;
-    fab.exposure = exposure == "object" || (exposure == "auto" && !profile.rdma) ? Exposure::kObject
-                                                                                 : Exposure::kArena;
+    fab.exposure = options.exposure == "object" || (options.exposure == "auto" && !profile.rdma)
+                       ? Exposure::kObject
+                       : Exposure::kArena;
     if (fab.exposure == Exposure::kObject && !profile.deregistration_revokes_keys) {
       RF_LOG(kWarn, "exposure=object on " << profile.provider << ": a lease's key may outlive its "
                                           << "release (" << profile.key_lifetime << ")");
@@ -52,7 +51,7 @@ Result<std::unique_ptr<NodeFabrics>> NodeFabrics::Open(const Options& options) {
                             << (fab.exposure == Exposure::kObject
                                     ? "object (a key per lease, for its bytes only)"
                                     : "arena (one read-only key for the store)")
-                            << (exposure == "auto" ? " (auto, from the provider)" : ""));
+                            << (options.exposure == "auto" ? " (auto, from the provider)" : ""));
     fab.rails.push_back(std::move(engine));
     fab.segments.emplace_back();
     fabrics.push_back(std::move(fab));
